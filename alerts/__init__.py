@@ -1,0 +1,1 @@
+"""Prometheus recording and alert rules generated from the SLO specs."""

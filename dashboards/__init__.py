@@ -1,0 +1,1 @@
+"""Dashboards: the Streamlit ops console and generated Grafana JSON."""

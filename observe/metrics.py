@@ -1,0 +1,114 @@
+"""OpenTelemetry instruments for every metric in the registry, exported to Prometheus.
+
+`create_instruments(meter)` builds them from `observe.registry`; `RequestMetrics`
+turns a finished `RequestRecord` or an `EngineSnapshot` into bare `.record()`,
+`.add()` and `.set()` calls. Label sets are tiny dicts built once per call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from observe import registry as R
+from observe.stats import EngineSnapshot, RequestRecord
+
+
+def create_instrument(meter, metric: R.MetricDef):
+    kwargs = {"unit": metric.unit, "description": metric.description}
+    if metric.kind == "histogram":
+        return meter.create_histogram(
+            metric.otel_name, explicit_bucket_boundaries_advisory=list(metric.buckets), **kwargs)
+    if metric.kind == "counter":
+        return meter.create_counter(metric.otel_name, **kwargs)
+    return meter.create_gauge(metric.otel_name, **kwargs)
+
+
+def create_instruments(meter) -> dict[str, object]:
+    """All registry instruments, keyed by Prometheus name."""
+    return {m.prom_name: create_instrument(meter, m) for m in R.ALL_METRICS}
+
+
+@dataclass(slots=True)
+class MetricsExport:
+    """A meter provider whose reader feeds a prometheus_client registry."""
+
+    provider: object
+    reader: object
+    registry: object
+
+    def shutdown(self) -> None:
+        try:
+            self.registry.unregister(self.reader._collector)
+        except (KeyError, AttributeError):
+            pass
+        self.provider.shutdown()
+
+
+def create_prometheus_export(registry=None) -> MetricsExport:
+    """Meter provider + Prometheus reader registered into `registry`
+    (prometheus_client's default one unless given, so vLLM's own `vllm:*` series
+    are served beside ours on /metrics)."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import REGISTRY
+
+    registry = registry or REGISTRY
+    reader = PrometheusMetricReader(disable_target_info=True, registry=registry)
+    return MetricsExport(MeterProvider(metric_readers=[reader]), reader, registry)
+
+
+class RequestMetrics:
+    """Records requests and engine seconds into the registry's instruments."""
+
+    def __init__(self, meter):
+        self.instruments = create_instruments(meter)
+        i = self.instruments
+        self._latency = [(i[m.prom_name], m) for m in R.LATENCY_METRICS]
+        self._context = i[R.CONTEXT_TOKENS.prom_name]
+        self._requests = i[R.REQUESTS.prom_name]
+        self._errors = i[R.ERRORS.prom_name]
+        self._batch = i[R.BATCH_SIZE.prom_name]
+        self._kv = i[R.KV_CACHE_USAGE.prom_name]
+        self._running = i[R.RUNNING.prom_name]
+        self._waiting = i[R.WAITING.prom_name]
+        self._dropped = i[R.TRACE_ROWS_DROPPED.prom_name]
+        self.slo_requests = i[R.SLO_REQUESTS.prom_name]
+
+    def record_request(self, rec: RequestRecord) -> None:
+        bucket = rec.context_bucket
+        self._requests.add(1, {"status": rec.status, "context_bucket": bucket,
+                               "priority": rec.priority})
+        if rec.error_type:
+            self._errors.add(1, {"error_type": rec.error_type,
+                                 "http_status": str(rec.http_status)})
+        if rec.status != "ok":
+            return  # latency of a failed request would pollute the SLO histograms
+        labels = {"context_bucket": bucket}
+        self._context.record(rec.prompt_tokens)
+        for instrument, value in zip(self._latency_instruments(), _latencies(rec)):
+            if value is not None:
+                instrument.record(value, labels)
+
+    def _latency_instruments(self):
+        return (instrument for instrument, _ in self._latency)
+
+    def record_step(self, batch_size: int) -> None:
+        self._batch.record(batch_size)
+
+    def record_engine(self, snap: EngineSnapshot) -> None:
+        self._kv.set(snap.kv_cache_usage)
+        self._running.set(snap.running)
+        self._waiting.set(snap.waiting)
+
+    def record_dropped(self, table: str, rows: int) -> None:
+        if rows:
+            self._dropped.add(rows, {"table": table})
+
+
+def _latencies(rec: RequestRecord) -> tuple:
+    """Values in the order of `registry.LATENCY_METRICS`."""
+    engine = rec.engine
+    sampling = rec.tally.sampling_s if rec.tally.steps else None
+    return (rec.ttft_s, rec.tpot_s, rec.e2e_s,
+            engine and engine.queue_s, engine and engine.prefill_s,
+            engine and engine.decode_s, sampling)

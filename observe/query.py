@@ -1,0 +1,199 @@
+"""Read-only SQL over the trace log, shared by the server's writer and the CLI.
+
+Three layers keep a query from changing anything: the statement must parse as one
+SELECT with no data-modifying CTE (`check_read_only`), it runs inside a transaction
+that is always rolled back, and the connection has external access switched off so
+SQL cannot read files or the network. A file opened here is also opened read-only.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import threading
+from dataclasses import dataclass
+from datetime import date, datetime, time, timezone
+from functools import cache
+from pathlib import Path
+from typing import Any, Sequence
+
+import duckdb
+
+FORMATS = ("table", "csv", "json")
+
+# DuckDB 2.0 parses `WITH x AS (DELETE ... RETURNING *) SELECT ...` as a SELECT
+# statement; its serialized AST names such CTEs `DELETE_QUERY_NODE` and the like.
+_MODIFYING_NODE = re.compile(r'"type":"(\w+)_QUERY_NODE"')
+
+
+class QueryError(Exception):
+    """A query was refused or failed; the message is meant for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueryResult:
+    columns: list[str]
+    rows: list[tuple]
+    truncated: bool = False  # more rows existed than max_rows
+    types: list[str] | None = None  # DuckDB type names, e.g. "JSON", "TIMESTAMP WITH TIME ZONE"
+
+
+@cache
+def _parser() -> tuple[duckdb.DuckDBPyConnection, threading.Lock]:
+    # A private in-memory connection: parsing must not depend on any trace-log file.
+    conn = duckdb.connect(":memory:", config={"enable_external_access": False})
+    return conn, threading.Lock()
+
+
+def check_read_only(sql: str) -> str:
+    """Return the single statement in `sql` if it only reads; raise QueryError otherwise."""
+    conn, lock = _parser()
+    with lock:
+        try:
+            statements = conn.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise QueryError(f"cannot parse query: {exc}") from None
+        if len(statements) != 1:
+            raise QueryError(f"expected exactly one statement, got {len(statements)}")
+        kind = statements[0].type
+        # DESCRIBE, SHOW, SUMMARIZE and VALUES parse as SELECT. EXPLAIN is refused:
+        # EXPLAIN ANALYZE executes its statement, which may be an INSERT.
+        if kind != duckdb.StatementType.SELECT:
+            raise QueryError(f"only read-only SELECT queries are allowed, not {kind.name}")
+        ast = conn.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
+    if json.loads(ast).get("error"):
+        raise QueryError("only read-only SELECT queries are allowed")
+    modifying = {m for m in _MODIFYING_NODE.findall(ast) if m != "SELECT"}
+    if modifying:
+        raise QueryError(f"data-modifying statements are not allowed ({', '.join(sorted(modifying))})")
+    return statements[0].query
+
+
+def execute_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any = None,
+                      max_rows: int = 10_000, timeout_s: float = 10.0) -> QueryResult:
+    """Run a checked query on `conn` (a connection this call owns), always rolled back."""
+    statement = check_read_only(sql)
+    timer = threading.Timer(timeout_s, conn.interrupt)
+    timer.daemon = True
+    try:
+        conn.execute("BEGIN TRANSACTION")
+    except duckdb.Error as exc:
+        raise QueryError(f"trace log unavailable: {exc}") from None
+    timer.start()
+    try:
+        conn.execute(statement, params)
+        description = conn.description or []
+        rows = conn.fetchmany(max_rows + 1)
+    except duckdb.InterruptException:
+        raise QueryError(f"query timed out after {timeout_s:g}s") from None
+    except duckdb.Error as exc:
+        raise QueryError(str(exc)) from None
+    finally:
+        timer.cancel()
+        _roll_back(conn)
+    return QueryResult(columns=[d[0] for d in description], rows=rows[:max_rows],
+                       truncated=len(rows) > max_rows, types=[str(d[1]) for d in description])
+
+
+def _roll_back(conn: duckdb.DuckDBPyConnection) -> None:
+    try:
+        conn.execute("ROLLBACK")
+    except duckdb.Error:
+        pass  # a late interrupt may hit the rollback; the cursor is discarded anyway
+
+
+def query_file(path: str | Path, sql: str, params: Any = None, max_rows: int = 10_000,
+               timeout_s: float = 10.0) -> QueryResult:
+    """Query a trace-log file that no server holds, read-only."""
+    check_read_only(sql)  # refuse bad SQL before touching the file
+    if not Path(path).exists():
+        raise QueryError(f"no trace log at {path}")
+    try:
+        conn = duckdb.connect(str(path), read_only=True,
+                              config={"enable_external_access": False})
+    except duckdb.Error as exc:
+        if "lock" in str(exc).lower():
+            raise QueryError(f"{path} is held by a running tailguard server; "
+                             "query through it with --url") from None
+        raise QueryError(f"cannot open {path}: {exc}") from None
+    try:
+        return execute_read_only(conn, sql, params, max_rows, timeout_s)
+    finally:
+        conn.close()
+
+
+# --- output --------------------------------------------------------------------------
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready form of one cell: timestamps as ISO-8601 (UTC when zoned)."""
+    if isinstance(value, datetime) and value.tzinfo is not None:
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # Decimal, UUID, interval, ...
+
+
+def _text(value: Any, null: str) -> str:
+    plain = _plain(value)
+    if plain is None:
+        return null
+    if isinstance(plain, bool):
+        return "true" if plain else "false"
+    if isinstance(plain, (list, dict)):
+        return json.dumps(plain)
+    return str(plain)
+
+
+def _as_table(result: QueryResult) -> str:
+    cells = [[_text(v, "NULL") for v in row] for row in result.rows]
+    widths = [max([len(name)] + [len(row[i]) for row in cells])
+              for i, name in enumerate(result.columns)]
+    numeric = [all(isinstance(row[i], (int, float)) and not isinstance(row[i], bool)
+                   for row in result.rows if row[i] is not None) and bool(result.rows)
+               for i in range(len(result.columns))]
+
+    def line(values: Sequence[str], align_numbers: bool) -> str:
+        parts = [v.rjust(w) if align_numbers and num else v.ljust(w)
+                 for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    out = [line(result.columns, False), line(["-" * w for w in widths], False)]
+    out += [line(row, True) for row in cells]
+    noun = "row" if len(cells) == 1 else "rows"
+    out.append(f"({len(cells)} {noun}{', truncated' if result.truncated else ''})")
+    return "\n".join(out) + "\n"
+
+
+def _as_csv(result: QueryResult) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(result.columns)
+    writer.writerows([_text(v, "") for v in row] for row in result.rows)
+    return buffer.getvalue()
+
+
+def _as_json(result: QueryResult) -> str:
+    # JSON columns come back from DuckDB as text; nest them as objects again.
+    is_json = [t == "JSON" for t in (result.types or [""] * len(result.columns))]
+    records = [
+        {name: json.loads(v) if (j and isinstance(v, str)) else _plain(v)
+         for name, v, j in zip(result.columns, row, is_json)}
+        for row in result.rows
+    ]
+    return json.dumps(records, indent=2, ensure_ascii=False) + "\n"
+
+
+def format_result(result: QueryResult, fmt: str = "table") -> str:
+    """Render a result as aligned plain text, CSV or a JSON list of objects."""
+    renderers = {"table": _as_table, "csv": _as_csv, "json": _as_json}
+    if fmt not in renderers:
+        raise ValueError(f"fmt must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    return renderers[fmt](result)

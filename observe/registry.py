@@ -1,0 +1,185 @@
+"""Every metric, span, attribute and bucket name tailguard uses, defined once.
+
+The server, the Prometheus rules, the Grafana dashboards and the docs all import
+from here; `tests/test_registry.py` proves each name is exported as written.
+Prometheus names follow CONTRACT.md. Each instrument is described by its OTel
+name + unit, chosen so that opentelemetry-exporter-prometheus renders exactly the
+contract name (it appends `_seconds` for unit "s" and `_total` for counters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+# --- context-length buckets (seed 003) -------------------------------------------
+CONTEXT_BUCKET_BOUNDS: Final = (1024, 4096, 32768)
+CONTEXT_BUCKETS: Final = ("0-1k", "1k-4k", "4k-32k", "32k+")
+
+# --- batch buckets (seed 000): the scheduler's short/medium/long request classes ---
+BATCH_BUCKET_BOUNDS: Final = (256, 512)
+BATCH_BUCKETS: Final = ("0-256", "256-512", "512+")
+
+PRIORITIES: Final = ("realtime", "batch")
+STATUSES: Final = ("ok", "rejected", "error", "aborted")
+
+
+def _steps(start: float, stop: float, step: float) -> list[float]:
+    count = round((stop - start) / step)
+    return [round(start + i * step, 6) for i in range(count + 1)]
+
+
+# Latency bounds: 10 ms apart up to 2 s so that a P99 is resolved to 10 ms wherever
+# the SLO targets live (200 ms - 2 s), then a coarse tail. vLLM's phase histograms
+# start at 0.3 s, which hides every target we care about.
+LATENCY_BUCKETS_S: Final = tuple(
+    [0.001, 0.0025, 0.005] + _steps(0.01, 2.0, 0.01) + [2.5, 3, 4, 5, 7.5, 10, 15, 20, 30, 60]
+)
+# Per-token times live in milliseconds: 1 ms apart up to 100 ms.
+TOKEN_LATENCY_BUCKETS_S: Final = tuple(
+    [0.0001, 0.00025, 0.0005] + _steps(0.001, 0.1, 0.001) + [0.125, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5]
+)
+CONTEXT_TOKEN_BUCKETS: Final = (
+    16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
+    8192, 16384, 32768, 65536, 131072,
+)
+
+# --- metrics -------------------------------------------------------------------------
+Kind = Literal["histogram", "counter", "gauge"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricDef:
+    prom_name: str  # what Prometheus, rules and dashboards see
+    otel_name: str  # what the OTel instrument is called
+    unit: str
+    kind: Kind
+    description: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+def _latency(prom: str, otel: str, what: str, buckets=LATENCY_BUCKETS_S) -> MetricDef:
+    return MetricDef(prom, otel, "s", "histogram", what, ("context_bucket",), buckets)
+
+
+TTFT: Final = _latency(
+    "gen_ai_server_time_to_first_token_seconds", "gen_ai.server.time_to_first_token",
+    "Time from request arrival to the first output token.")
+TPOT: Final = _latency(
+    "gen_ai_server_time_per_output_token_seconds", "gen_ai.server.time_per_output_token",
+    "Mean time per output token after the first (decode time / (output tokens - 1)).",
+    TOKEN_LATENCY_BUCKETS_S)
+E2E: Final = _latency(
+    "gen_ai_server_request_duration_seconds", "gen_ai.server.request.duration",
+    "Time from request arrival to the last byte of the response.")
+QUEUE: Final = _latency(
+    "tailguard_request_queue_seconds", "tailguard.request.queue",
+    "Time a request waited in the engine's queue before its first scheduling.")
+PREFILL: Final = _latency(
+    "tailguard_request_prefill_seconds", "tailguard.request.prefill",
+    "Time from first scheduling to the first token (prompt processing).")
+DECODE: Final = _latency(
+    "tailguard_request_decode_seconds", "tailguard.request.decode",
+    "Time from the first token to the last token.")
+SAMPLING: Final = _latency(
+    "tailguard_request_sampling_seconds", "tailguard.request.sampling",
+    "Sum of the sampler's time over every engine step that carried the request.",
+    TOKEN_LATENCY_BUCKETS_S)
+CONTEXT_TOKENS: Final = MetricDef(
+    "tailguard_request_context_tokens", "tailguard_request_context_tokens", "{token}",
+    "histogram", "Prompt length of each request in tokens.", (), CONTEXT_TOKEN_BUCKETS)
+BATCH_SIZE: Final = MetricDef(
+    "tailguard_engine_batch_size", "tailguard_engine_batch_size", "{request}", "histogram",
+    "Requests carried by each engine step.", (), (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256))
+REQUESTS: Final = MetricDef(
+    "tailguard_requests_total", "tailguard.requests", "", "counter",
+    "Requests by outcome.", ("status", "context_bucket", "priority"))
+ERRORS: Final = MetricDef(
+    "tailguard_request_errors_total", "tailguard.request.errors", "", "counter",
+    "Failed or rejected requests by error type.", ("error_type", "http_status"))
+SLO_REQUESTS: Final = MetricDef(
+    "tailguard_slo_requests_total", "tailguard.slo.requests", "", "counter",
+    "Per-request verdicts against each SLO's context-aware target.",
+    ("slo", "context_bucket", "result"))
+KV_CACHE_USAGE: Final = MetricDef(
+    "tailguard_kv_cache_usage_ratio", "tailguard_kv_cache_usage_ratio", "1", "gauge",
+    "Fraction of the engine's KV-cache blocks in use.")
+RUNNING: Final = MetricDef(
+    "tailguard_requests_running", "tailguard_requests_running", "{request}", "gauge",
+    "Requests in the engine's running batch.")
+WAITING: Final = MetricDef(
+    "tailguard_requests_waiting", "tailguard_requests_waiting", "{request}", "gauge",
+    "Requests waiting in the engine's queue (queue depth).")
+POLICY_ACTIVE: Final = MetricDef(
+    "tailguard_policy_active", "tailguard_policy_active", "1", "gauge",
+    "1 while a degradation policy is active.", ("policy",))
+MEMORY_FORECAST: Final = MetricDef(
+    "tailguard_memory_forecast_ratio", "tailguard_memory_forecast_ratio", "1", "gauge",
+    "Forecast KV-cache usage at the given horizon.", ("horizon",))
+TRACE_ROWS_DROPPED: Final = MetricDef(
+    "tailguard_trace_rows_dropped_total", "tailguard.trace.rows_dropped", "", "counter",
+    "Trace-log rows dropped because the writer could not keep up or write.", ("table",))
+
+LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
+ALL_METRICS: Final = LATENCY_METRICS + (
+    CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
+    RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, TRACE_ROWS_DROPPED,
+)
+
+# --- spans ---------------------------------------------------------------------------
+SPAN_REQUEST: Final = "llm.request"
+SPAN_QUEUE: Final = "llm.queue"
+SPAN_PREFILL: Final = "llm.prefill"
+SPAN_DECODE: Final = "llm.decode"
+SPAN_SAMPLING: Final = "llm.sampling"
+SPAN_STEP: Final = "llm.step"
+PHASE_SPANS: Final = (SPAN_QUEUE, SPAN_PREFILL, SPAN_DECODE, SPAN_SAMPLING)
+ALL_SPANS: Final = (SPAN_REQUEST,) + PHASE_SPANS + (SPAN_STEP,)
+
+# --- span attributes: OpenTelemetry GenAI conventions, then ours ----------------------
+ATTR_OPERATION: Final = "gen_ai.operation.name"
+ATTR_PROVIDER: Final = "gen_ai.provider.name"
+ATTR_REQUEST_MODEL: Final = "gen_ai.request.model"
+ATTR_RESPONSE_MODEL: Final = "gen_ai.response.model"
+ATTR_RESPONSE_ID: Final = "gen_ai.response.id"
+ATTR_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+ATTR_TEMPERATURE: Final = "gen_ai.request.temperature"
+ATTR_TOP_P: Final = "gen_ai.request.top_p"
+ATTR_STREAM: Final = "gen_ai.request.stream"
+ATTR_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+ATTR_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+ATTR_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+ATTR_TTFT: Final = "gen_ai.server.time_to_first_token"
+ATTR_ERROR_TYPE: Final = "error.type"
+ATTR_HTTP_STATUS: Final = "http.response.status_code"
+ATTR_REQUEST_ID: Final = "tailguard.request_id"
+ATTR_CONTEXT_BUCKET: Final = "tailguard.context_bucket"
+ATTR_BATCH_BUCKET: Final = "tailguard.batch_bucket"
+ATTR_PRIORITY: Final = "tailguard.priority"
+ATTR_STATUS: Final = "tailguard.status"
+ATTR_POLICY_ACTIONS: Final = "tailguard.policy_actions"
+ATTR_ITERATIONS: Final = "tailguard.iterations"
+ATTR_PREEMPTIONS: Final = "tailguard.preemptions"
+ATTR_STEP_INDEX: Final = "tailguard.step.index"
+ATTR_STEP_BATCH: Final = "tailguard.step.batch_size"
+ATTR_STEP_TOKENS: Final = "tailguard.step.scheduled_tokens"
+ATTR_STEP_FORWARD_S: Final = "tailguard.step.forward_s"
+ATTR_STEP_SAMPLING_S: Final = "tailguard.step.sampling_s"
+ATTR_SAMPLING_STEPS: Final = "tailguard.sampling.steps"
+
+
+def context_bucket(tokens: int) -> str:
+    """The seed-003 bucket of a prompt length: 0-1k, 1k-4k, 4k-32k, 32k+."""
+    for bound, name in zip(CONTEXT_BUCKET_BOUNDS, CONTEXT_BUCKETS):
+        if tokens <= bound:
+            return name
+    return CONTEXT_BUCKETS[-1]
+
+
+def batch_bucket(tokens: int) -> str:
+    """The seed-000 scheduler class of a prompt length: 0-256, 256-512, 512+."""
+    for bound, name in zip(BATCH_BUCKET_BOUNDS, BATCH_BUCKETS):
+        if tokens <= bound:
+            return name
+    return BATCH_BUCKETS[-1]

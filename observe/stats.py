@@ -1,0 +1,211 @@
+"""Plain request-timing records. No exporter imports here: spans, metrics, the
+trace log and the SLO engine each consume a finished `RequestRecord`.
+
+Clocks: vLLM stamps engine-core events with `time.monotonic()` (system-wide
+CLOCK_MONOTONIC, so comparable across the engine's processes on one host) and the
+request's arrival with `time.time()`. We keep everything monotonic and convert
+to wall time once, at the edges, with `WallClock`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from observe.registry import batch_bucket, context_bucket
+
+
+@dataclass(frozen=True, slots=True)
+class WallClock:
+    """Maps monotonic seconds to wall-clock time, fixed once per process."""
+
+    offset: float = field(default_factory=lambda: time.time() - time.monotonic())
+
+    def epoch(self, mono: float) -> float:
+        return mono + self.offset
+
+    def epoch_ns(self, mono: float) -> int:
+        return int((mono + self.offset) * 1e9)
+
+    def datetime(self, mono: float) -> datetime:
+        return datetime.fromtimestamp(mono + self.offset, tz=timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTimes:
+    """The engine's own stamps for one request (vLLM RequestStateStats), monotonic."""
+
+    queued: float
+    scheduled: float
+    first_token: float
+    last_token: float
+    preemptions: int = 0
+
+    @classmethod
+    def from_vllm(cls, stats) -> "EngineTimes | None":
+        """None when the engine never scheduled the request (aborted in the queue)."""
+        if stats is None or not stats.queued_ts or not stats.scheduled_ts:
+            return None
+        first = stats.first_token_ts or stats.scheduled_ts
+        last = stats.last_token_ts or first
+        return cls(stats.queued_ts, stats.scheduled_ts, first, last, stats.num_preemptions)
+
+    def merge(self, other: "EngineTimes") -> "EngineTimes":
+        """Span of several engine requests serving one HTTP request."""
+        return EngineTimes(min(self.queued, other.queued), min(self.scheduled, other.scheduled),
+                           min(self.first_token, other.first_token),
+                           max(self.last_token, other.last_token),
+                           self.preemptions + other.preemptions)
+
+    # Each interval as vLLM's FinishedRequestStats defines it.
+    @property
+    def queue_s(self) -> float:  # queued -> first scheduled
+        return self.scheduled - self.queued
+
+    @property
+    def prefill_s(self) -> float:  # first scheduled -> first token
+        return self.first_token - self.scheduled
+
+    @property
+    def decode_s(self) -> float:  # first token -> last token
+        return self.last_token - self.first_token
+
+
+@dataclass(slots=True)
+class SamplingTally:
+    """What the engine-step probe saw of one request: steps and sampler time."""
+
+    steps: int = 0
+    sampling_s: float = 0.0
+    step_s: float = 0.0
+    first_sampling_start: float = 0.0  # monotonic; 0 until the first step
+
+    def add(self, start: float, step_s: float, sampling_s: float) -> None:
+        if not self.steps:
+            self.first_sampling_start = start + step_s - sampling_s
+        self.steps += 1
+        self.step_s += step_s
+        self.sampling_s += sampling_s
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request's whole trajectory: a row of `requests`, the source of its spans
+    and metrics. Filled in as the request moves; `finish()` fixes the derived times."""
+
+    request_id: str
+    arrival: float  # monotonic, when the HTTP request arrived
+    endpoint: str
+    model: str = ""
+    stream: bool = False
+    priority: str = "realtime"
+    trace_id: str = ""
+    status: str = "ok"
+    http_status: int = 200
+    error_type: str | None = None
+    error_message: str | None = None
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    max_tokens: int | None = None
+    engine: EngineTimes | None = None
+    first_token: float | None = None  # monotonic, first token reached the server
+    end: float | None = None  # monotonic, response finished
+    tally: SamplingTally = field(default_factory=SamplingTally)
+    slo_ttft_target_s: float | None = None
+    slo_ok: bool | None = None
+    policy_actions: list[str] = field(default_factory=list)
+
+    @property
+    def context_bucket(self) -> str:
+        return context_bucket(self.prompt_tokens)
+
+    @property
+    def batch_bucket(self) -> str:
+        return batch_bucket(self.prompt_tokens)
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.end is None else self.end - self.arrival
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Decode time per token after the first, the usual TPOT definition."""
+        if self.engine is None or self.output_tokens < 2:
+            return None
+        return self.engine.decode_s / (self.output_tokens - 1)
+
+    @property
+    def avg_iter_s(self) -> float | None:
+        return self.tally.step_s / self.tally.steps if self.tally.steps else None
+
+    def fail(self, http_status: int, error_type: str, message: str, status: str) -> None:
+        self.http_status, self.error_type, self.error_message = http_status, error_type, message
+        self.status = status
+
+    def row(self, clock: WallClock) -> dict:
+        """The `requests` row, column names as in CONTRACT.md."""
+        engine = self.engine
+        return {
+            "request_id": self.request_id, "trace_id": self.trace_id,
+            "arrival_ts": clock.datetime(self.arrival), "model": self.model,
+            "endpoint": self.endpoint, "stream": self.stream, "priority": self.priority,
+            "status": self.status, "http_status": self.http_status,
+            "error_type": self.error_type, "error_message": self.error_message,
+            "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens, "max_tokens": self.max_tokens,
+            "context_bucket": self.context_bucket, "batch_bucket": self.batch_bucket,
+            "queue_s": engine and engine.queue_s, "prefill_s": engine and engine.prefill_s,
+            "decode_s": engine and engine.decode_s,
+            "sampling_s": self.tally.sampling_s if self.tally.steps else None,
+            "ttft_s": self.ttft_s, "tpot_s": self.tpot_s, "e2e_s": self.e2e_s,
+            "iterations": self.tally.steps, "avg_iter_s": self.avg_iter_s,
+            "preemptions": engine.preemptions if engine else 0,
+            "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
+            "policy_actions": list(self.policy_actions),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step as the in-engine probe timed it (monotonic seconds)."""
+
+    index: int
+    start: float
+    forward_s: float
+    sampling_s: float
+    scheduled_tokens: int
+    request_ids: tuple[str, ...]  # HTTP request ids where known, else engine ids
+
+    @property
+    def duration_s(self) -> float:
+        return self.forward_s + self.sampling_s
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """One second of the engine: an `engine_stats` row and the gauges."""
+
+    ts: float  # monotonic
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    preemptions: int
+    prompt_tokens: int
+    generation_tokens: int
+    steps: int
+    mean_batch_size: float
+    max_batch_size: int
+    mean_step_s: float | None
+    mean_sampling_s: float | None
+    finished: int
+
+    def row(self, clock: WallClock) -> dict:
+        row = {name: getattr(self, name) for name in self.__slots__ if name != "ts"}
+        row["ts"] = clock.datetime(self.ts)
+        return row

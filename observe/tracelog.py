@@ -1,0 +1,301 @@
+"""The trace-log writer: rows in from the event loop, Arrow batches out to DuckDB.
+
+`add()` only appends to per-table column lists under a lock (a few microseconds, no
+I/O), so the server may call it from the asyncio loop. A daemon thread turns those
+lists into Arrow tables and inserts them every `flush_interval_s`, or sooner when a
+table's buffer fills. The writer never raises a write failure into `add()`: rows
+that cannot be written are counted as dropped and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Final
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from observe.query import QueryError, QueryResult, execute_read_only
+from observe.schema import TABLES, TableSpec, create_schema
+
+FLUSH_INTERVAL_ENV: Final = "TAILGUARD_TRACE_FLUSH_S"
+DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
+# Rows per Arrow conversion call: the flush thread holds the GIL inside each call,
+# so this bounds how long it can stall the event loop (~2 ms for timestamps).
+CONVERT_CHUNK_ROWS: Final = 8192
+_BATCH_VIEW: Final = "__tailguard_batch"
+_TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TraceLogConfig:
+    flush_interval_s: float | None = None  # None: $TAILGUARD_TRACE_FLUSH_S, else 1.0
+    max_buffer_rows: int = 50_000  # one table's buffer this full wakes the flusher
+    max_pending_rows: int = 1_000_000  # all buffers this full: new rows are dropped
+
+    def __post_init__(self) -> None:
+        if self.flush_interval_s is None:
+            raw = os.environ.get(FLUSH_INTERVAL_ENV, str(DEFAULT_FLUSH_INTERVAL_S))
+            try:
+                self.flush_interval_s = float(raw)
+            except ValueError:
+                raise ValueError(f"{FLUSH_INTERVAL_ENV} must be a number, got {raw!r}") from None
+        for name in ("flush_interval_s", "max_buffer_rows", "max_pending_rows"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+
+
+class _TableBuffer:
+    """One table's pending rows, column-wise, in the table's declared column order."""
+
+    def __init__(self, spec: TableSpec) -> None:
+        self.spec = spec
+        self.known = frozenset(spec.column_names)
+        self.columns: dict[str, list] = {}
+        self.rows = 0
+        self.take()
+
+    def take(self) -> tuple[dict[str, list], int]:
+        """Hand over the buffered columns and start empty ones (caller holds the lock)."""
+        taken = (self.columns, self.rows)
+        self.columns = {name: [] for name in self.spec.column_names}
+        # Bound appends save a lookup per column on the hot path.
+        self.appenders = [(values.append, name) for name, values in self.columns.items()]
+        self.rows = 0
+        return taken
+
+
+class TraceLog:
+    """Buffered, thread-safe writer of the trace-log tables; owns its DuckDB file."""
+
+    def __init__(self, path: str | Path = ":memory:", *, flush_interval_s: float | None = None,
+                 max_buffer_rows: int = 50_000, max_pending_rows: int = 1_000_000) -> None:
+        self.path = str(path)
+        self.config = TraceLogConfig(flush_interval_s, max_buffer_rows, max_pending_rows)
+        self._conn = _open_writer(self.path)
+        self._reader = self._conn.cursor()  # query() cursors hang off this one
+        self._buffers = {name: _TableBuffer(spec) for name, spec in TABLES.items()}
+        self._insert_sql = {name: _insert_sql(spec) for name, spec in TABLES.items()}
+        self._lock = threading.Lock()  # buffers and counters
+        self._flush_lock = threading.Lock()  # the writer connection
+        self._reader_lock = threading.Lock()
+        self._pending = 0
+        self.written = dict.fromkeys(TABLES, 0)
+        self.dropped = dict.fromkeys(TABLES, 0)
+        self._flushes = 0
+        self._last_flush_s = 0.0
+        self._failing = False
+        self._closed = False
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tailguard-tracelog", daemon=True)
+        self._thread.start()
+
+    # --- hot path --------------------------------------------------------------------
+    def add(self, table: str, row: dict[str, Any]) -> None:
+        """Buffer one row; values must not be mutated afterwards. Never does I/O."""
+        buffer = self._buffers.get(table)
+        if buffer is None:
+            raise ValueError(f"unknown trace-log table {table!r}")
+        if not row.keys() <= buffer.known:
+            unknown = sorted(row.keys() - buffer.known)
+            raise ValueError(f"unknown column(s) for {table}: {', '.join(unknown)}")
+        get = row.get
+        with self._lock:
+            if self._pending >= self.config.max_pending_rows or self._closed:
+                self.dropped[table] += 1
+                return
+            for append, name in buffer.appenders:
+                append(get(name))
+            buffer.rows += 1
+            self._pending += 1
+            if buffer.rows == self.config.max_buffer_rows:
+                self._wake.set()  # let the flusher write it; never inline
+
+    # --- flushing --------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every buffered row now (the background thread calls this too)."""
+        with self._flush_lock:
+            started = time.perf_counter()
+            wrote_any = False
+            for name, buffer in self._buffers.items():
+                with self._lock:
+                    columns, rows = buffer.take()
+                    self._pending -= rows
+                if rows:
+                    self._write(buffer.spec, columns, rows)
+                    wrote_any = True
+            if wrote_any:
+                self._flushes += 1
+                self._last_flush_s = time.perf_counter() - started
+
+    def _write(self, spec: TableSpec, columns: dict[str, list], rows: int) -> None:
+        try:
+            batch = _arrow_table(spec, columns, rows)
+            self._conn.register(_BATCH_VIEW, batch)
+            try:
+                self._conn.execute(self._insert_sql[spec.name])
+            finally:
+                self._conn.unregister(_BATCH_VIEW)
+        except Exception as exc:  # disk full, closed file, bad value: keep serving
+            self._count_failure(spec.name, rows, exc)
+            return
+        with self._lock:
+            self.written[spec.name] += rows
+        if self._failing:
+            self._failing = False
+            log.warning("trace log %s: writes recovered", self.path)
+
+    def _count_failure(self, table: str, rows: int, exc: Exception) -> None:
+        with self._lock:
+            self.dropped[table] += rows
+        if not self._failing:  # one line per failure streak, not one per flush
+            self._failing = True
+            log.error("trace log %s: write failed, dropping rows until it recovers: %s: %s",
+                      self.path, type(exc).__name__, exc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.flush_interval_s)
+            self._wake.clear()
+            if not self._stop.is_set():
+                self.flush()
+
+    # --- lifecycle and reading -------------------------------------------------------
+    def close(self) -> None:
+        """Flush what is buffered, stop the thread and close the file. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._wake.set()
+        self._thread.join()
+        self.flush()
+        with self._flush_lock, self._reader_lock:
+            self._conn.close()
+
+    def __enter__(self) -> TraceLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"rows_written": dict(self.written), "rows_dropped": dict(self.dropped),
+                    "flushes": self._flushes, "last_flush_s": self._last_flush_s,
+                    "pending_rows": self._pending}
+
+    def query(self, sql: str, params: Any = None, max_rows: int = 10_000,
+              timeout_s: float = 10.0) -> QueryResult:
+        """Run one read-only SELECT on this database (what `/admin/query` serves)."""
+        with self._reader_lock:
+            if self._closed:
+                raise QueryError("trace log is closed")
+            try:
+                cursor = self._reader.cursor()
+            except duckdb.Error as exc:
+                raise QueryError(f"trace log unavailable: {exc}") from None
+        try:
+            return execute_read_only(cursor, sql, params, max_rows, timeout_s)
+        finally:
+            cursor.close()
+
+
+def _open_writer(path: str) -> duckdb.DuckDBPyConnection:
+    conn = duckdb.connect(path)
+    create_schema(conn)
+    # Session time zone first: it needs ICU, which cannot load once access is off.
+    conn.execute("SET TimeZone = 'UTC'")
+    conn.execute("SET enable_external_access = false")  # SQL cannot read files or URLs
+    conn.execute("SET lock_configuration = true")  # ... nor switch it back on
+    return conn
+
+
+def _insert_sql(spec: TableSpec) -> str:
+    """INSERT by name (a migrated file has added columns at the end, not in our order)."""
+    json_columns = spec.columns_of_type("JSON")
+    # Invalid JSON text is stored as a JSON string rather than failing the batch.
+    select = [f"CASE WHEN json_valid({c}) THEN {c}::JSON ELSE to_json({c}) END"
+              if c in json_columns else c for c in spec.column_names]
+    return (f"INSERT INTO {spec.name} ({', '.join(spec.column_names)}) "
+            f"SELECT {', '.join(select)} FROM {_BATCH_VIEW}")
+
+
+def _arrow_table(spec: TableSpec, columns: dict[str, list], rows: int) -> pa.Table:
+    schema = spec.arrow_schema
+    batches = []
+    for start in range(0, rows, CONVERT_CHUNK_ROWS):
+        stop = start + CONVERT_CHUNK_ROWS
+        arrays = [_column_array(columns[name][start:stop], sql_type, field.type)
+                  for (name, sql_type), field in zip(spec.columns, schema)]
+        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _column_array(values: list, sql_type: str, arrow_type: pa.DataType) -> pa.Array:
+    if sql_type == "TIMESTAMPTZ":
+        return _timestamp_array(values)
+    if sql_type == "JSON":  # serialized here, off the event loop
+        values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str)
+                  for v in values]
+    return _safe_array(values, arrow_type)
+
+
+def _timestamp_array(values: list) -> pa.Array:
+    """Timestamps arrive as aware datetimes or epoch seconds; convert each column once."""
+    # Checked up front: pyarrow would read a number among datetimes as microseconds.
+    kinds = set(map(type, values)) - {type(None)}
+    try:
+        if kinds <= {float, int}:  # vectorised: seconds -> whole microseconds
+            micros = pc.round(pc.multiply(pa.array(values, pa.float64()), 1e6))
+            return micros.cast(pa.int64()).cast(_TIMESTAMP)
+        if kinds <= {datetime}:
+            return pa.array(values, _TIMESTAMP)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    return _safe_array([_epoch_to_datetime(v) for v in values], _TIMESTAMP)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _epoch_to_datetime(value: Any) -> Any:
+    if not _is_number(value):
+        return value
+    try:
+        return datetime.fromtimestamp(value, timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _safe_array(values: list, arrow_type: pa.DataType) -> pa.Array:
+    """Convert a column; if a value has the wrong type, keep the row and null that cell."""
+    try:
+        return pa.array(values, arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    kept = [v if _converts(v, arrow_type) else None for v in values]
+    bad = sum(1 for v, k in zip(values, kept) if v is not None and k is None)
+    log.warning("trace log: stored NULL for %d value(s) that are not %s", bad, arrow_type)
+    return pa.array(kept, arrow_type)
+
+
+def _converts(value: Any, arrow_type: pa.DataType) -> bool:
+    try:
+        pa.array([value], arrow_type)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError):
+        return False

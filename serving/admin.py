@@ -1,0 +1,94 @@
+"""Admin API (`/admin/*`): bearer-token access and the read-only SQL endpoint.
+
+The token resolves `TAILGUARD_ADMIN_TOKEN` -> `--admin-token-file` -> a token
+generated on first start into a 0600 file beside the trace DB (path printed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from observe.query import QueryError
+from serving.config import ENV_ADMIN_TOKEN
+from serving.errors import ApiError
+
+TOKEN_FILE_SUFFIX = ".admin-token"
+
+
+def default_token_file(db: str) -> Path:
+    base = Path(db) if db != ":memory:" else Path.cwd() / "tailguard"
+    return base.with_name(base.name + TOKEN_FILE_SUFFIX)
+
+
+def resolve_admin_token(db: str, token_file: str | None) -> tuple[str, str]:
+    """(token, where it came from)."""
+    if os.environ.get(ENV_ADMIN_TOKEN):
+        return os.environ[ENV_ADMIN_TOKEN], f"${ENV_ADMIN_TOKEN}"
+    path = Path(token_file) if token_file else default_token_file(db)
+    if path.is_file():
+        return path.read_text().strip(), str(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token, str(path)
+
+
+def check_token(request: Request, token: str) -> None:
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        raise ApiError(401, "unauthorized", "admin API needs 'Authorization: Bearer <token>'")
+
+
+def create_admin_router(runtime) -> APIRouter:
+    router = APIRouter(prefix="/admin")
+
+    @router.post("/query")
+    async def query(request: Request):
+        try:
+            check_token(request, runtime.admin_token)
+            body = await request.json()
+            sql = body.get("sql") if isinstance(body, dict) else None
+            if not isinstance(sql, str) or not sql.strip():
+                raise ApiError(400, "invalid_request", "body must be {\"sql\": \"SELECT ...\"}")
+            max_rows = int(body.get("max_rows", 10_000))
+            result = await asyncio.to_thread(runtime.tracelog.query, sql, None, max_rows)
+        except ApiError as exc:
+            return exc.response()
+        except QueryError as exc:
+            return ApiError(400, "invalid_query", str(exc)).response()
+        except ValueError as exc:
+            return ApiError(400, "invalid_request", f"invalid body: {exc}").response()
+        return JSONResponse({"columns": result.columns, "truncated": result.truncated,
+                             "rows": [[_jsonable(v) for v in row] for row in result.rows]})
+
+    @router.post("/flush")
+    async def flush(request: Request):
+        """Write buffered trace rows now (tests and scripts that read right after)."""
+        try:
+            check_token(request, runtime.admin_token)
+        except ApiError as exc:
+            return exc.response()
+        await asyncio.to_thread(runtime.tracelog.flush)
+        return JSONResponse(runtime.tracelog.stats())
+
+    return router
+
+
+def _jsonable(value):
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return str(value)

@@ -1,0 +1,77 @@
+"""The OpenAI-compatible FastAPI app: routes only; the work lives in `generation`,
+`admin` and `runtime`."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from serving.admin import create_admin_router
+from serving.errors import ApiError
+from serving.generation import Endpoint, serve_generation
+from serving.runtime import Runtime
+
+
+def _endpoints():
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    return (Endpoint("chat", ChatCompletionRequest, "chat", "create_chat_completion"),
+            Endpoint("text_completion", CompletionRequest, "completion", "create_completion"))
+
+
+def create_app(runtime: Runtime) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.stop()
+
+    app = FastAPI(title="tailguard", lifespan=lifespan)
+    app.state.runtime = runtime
+    chat, completion = _endpoints()
+
+    def _not_ready() -> JSONResponse:
+        return ApiError(503, "engine_not_ready", "the engine is not ready").response()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw: Request):
+        return await serve_generation(raw, chat, runtime)
+
+    @app.post("/v1/completions")
+    async def completions(raw: Request):
+        return await serve_generation(raw, completion, runtime)
+
+    @app.get("/v1/models")
+    async def models():
+        if not runtime.ready:
+            return _not_ready()
+        listing = await runtime.handle.models.show_available_models()
+        return JSONResponse(listing.model_dump())
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():
+        return {"status": "ready"} if runtime.ready else _not_ready()
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        body = generate_latest(runtime.metrics_export.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError):
+        return ApiError(400, "validation_error", str(exc)).response()
+
+    app.include_router(create_admin_router(runtime))
+    return app

@@ -1,0 +1,66 @@
+"""Server configuration: one slotted dataclass, checked on construction.
+
+Each setting resolves argument -> environment variable -> default, and the
+environment variable names are the constants below.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ENV_DB = "TAILGUARD_DB"
+ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"
+ENV_FLUSH_S = "TAILGUARD_TRACE_FLUSH_S"
+ENV_MAX_BODY = "TAILGUARD_MAX_BODY_BYTES"
+ENV_MAX_N = "TAILGUARD_MAX_N"
+
+DEFAULT_DB = "tailguard.duckdb"
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+DEFAULT_MAX_N = 8
+
+
+def _env(name: str, default, cast=str):
+    raw = os.environ.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not a valid {cast.__name__}")
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    model: str  # a local Hugging Face model directory
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    db: str | None = None
+    admin_token_file: str | None = None
+    flush_interval_s: float | None = None
+    max_body_bytes: int | None = None
+    max_n: int | None = None
+    vllm_args: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.db = self.db or _env(ENV_DB, DEFAULT_DB)
+        self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
+        self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
+        self.max_n = self.max_n or _env(ENV_MAX_N, DEFAULT_MAX_N, int)
+        if not Path(self.model, "config.json").is_file():
+            raise ValueError(f"model: {self.model} is not a Hugging Face model directory "
+                             "(no config.json)")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port: {self.port} is not a TCP port")
+        if not 0 < self.flush_interval_s <= 60:
+            raise ValueError("flush_interval_s must be in (0, 60]")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_n < 1:
+            raise ValueError("max_n must be at least 1")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model

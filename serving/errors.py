@@ -1,0 +1,76 @@
+"""OpenAI-style errors: one exception type, one JSON shape, one classification table.
+
+Every rejection names an `error_type` (a stable short code that lands in the trace
+log and in `tailguard_request_errors_total`) beside the human message.
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+# OpenAI's `error.type` per HTTP status.
+_OPENAI_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+    413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    499: "client_closed_request", 503: "service_unavailable", 500: "server_error",
+}
+
+# vLLM validation errors name the offending parameter; we name the failure.
+_PARAMETER_TYPES = {
+    "input_tokens": "context_length_exceeded",
+    "max_tokens": "invalid_max_tokens",
+    "max_completion_tokens": "invalid_max_tokens",
+    "prompt": "empty_prompt",
+    "messages": "invalid_messages",
+}
+
+
+class ApiError(Exception):
+    """A request we refuse (4xx) or fail (5xx), with everything the row needs."""
+
+    def __init__(self, status: int, error_type: str, message: str,
+                 param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.error_type, self.message = status, error_type, message
+        self.param, self.headers = param, headers
+
+    @property
+    def outcome(self) -> str:
+        """The trace log's `status` column for this error."""
+        return "error" if self.status >= 500 else "rejected"
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message,
+                          "type": _OPENAI_TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.error_type}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def from_vllm_validation(exc) -> ApiError:
+    """`VLLMValidationError`/`ValueError` raised by vLLM's serving code -> 400."""
+    param = getattr(exc, "parameter", None)
+    return ApiError(400, _PARAMETER_TYPES.get(param, "invalid_request"), str(exc), param)
+
+
+def from_vllm_response(error_response) -> ApiError:
+    """vLLM's own `ErrorResponse` (e.g. unknown model) -> ApiError."""
+    err = error_response.error
+    status = int(err.code)
+    if status == 404:
+        error_type = "model_not_found"
+    elif status >= 500:
+        error_type = "engine_error"
+    else:
+        error_type = _PARAMETER_TYPES.get(err.param, "invalid_request")
+    return ApiError(status, error_type, err.message, err.param)
+
+
+def from_validation(exc) -> ApiError:
+    """A pydantic `ValidationError` on the request body -> 400 naming each field."""
+    problems = []
+    for item in exc.errors()[:5]:
+        where = ".".join(str(p) for p in item.get("loc", ())) or "body"
+        problems.append(f"{where}: {item.get('msg')}")
+    first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
+    param = ".".join(str(p) for p in first) or None
+    return ApiError(400, "validation_error", "; ".join(problems), param)

@@ -1,0 +1,168 @@
+"""The generation endpoints: parse and check the body, run vLLM's serving handler
+on the observed engine, and make sure the request's record is finished exactly
+once, whatever happens (success, rejection, engine failure, client gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import ValidationError
+
+from serving.engine import current_request
+from serving.errors import ApiError, from_validation, from_vllm_response, from_vllm_validation
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed request"
+
+
+class ClientGone(Exception):
+    """The client disconnected before the response was complete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    name: str  # gen_ai.operation.name: "chat" or "text_completion"
+    request_cls: type
+    serving: str  # attribute of `EngineHandle` holding vLLM's serving object
+    handler: str  # its method to call
+
+
+async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
+    rec, span = runtime.observer.begin(endpoint.name, raw.headers)
+    _pin_request_id(raw, rec.request_id)
+    current_request.set(rec)
+    try:
+        if not runtime.ready:
+            raise ApiError(503, "engine_not_ready", "the engine is not ready",
+                           headers={"Retry-After": "5"})
+        serving = getattr(runtime.handle, endpoint.serving)
+        body = await _read_json(raw, runtime.config.max_body_bytes)
+        request = _parse(endpoint.request_cls, body)
+        rec.model, rec.stream = request.model or runtime.config.model_name, bool(request.stream)
+        _check_limits(request, runtime.config.max_n)
+        result = await _until_disconnect(raw, _call(serving, endpoint.handler, request, raw))
+    except ApiError as exc:
+        rec.fail(exc.status, exc.error_type, exc.message, exc.outcome)
+        runtime.observer.finish(rec, span)
+        return exc.response()
+    except ClientGone:
+        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", "aborted")
+        runtime.observer.finish(rec, span)
+        return None
+    if isinstance(result, AsyncIterator):
+        stream = _observed_stream(result, rec, span, runtime)
+        return StreamingResponse(stream, media_type="text/event-stream")
+    runtime.observer.finish(rec, span)
+    return JSONResponse(result.model_dump())
+
+
+async def _call(serving, handler: str, request, raw: Request):
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    try:
+        result = await getattr(serving, handler)(request, raw)
+    except (ValueError, TypeError, OverflowError) as exc:  # VLLMValidationError is a ValueError
+        raise from_vllm_validation(exc) from None
+    except Exception as exc:
+        raise ApiError(500, "engine_error", f"engine failed: {exc}") from None
+    if isinstance(result, ErrorResponse):
+        raise from_vllm_response(result)
+    return result
+
+
+async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
+    """Pass vLLM's SSE chunks through; finish the record when the stream ends."""
+    current_request.set(rec)  # this generator runs in the response task's context
+    try:
+        async for chunk in chunks:
+            if '"error"' in chunk and chunk.startswith("data: {\"error\""):
+                _stream_error(rec, chunk)
+            yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away mid-stream", "aborted")
+        raise
+    finally:
+        rec.end = time.monotonic()
+        runtime.observer.finish(rec, span)
+
+
+def _stream_error(rec, chunk: str) -> None:
+    """vLLM reports a failure inside a started stream as an error event."""
+    try:
+        err = json.loads(chunk[len("data: "):])["error"]
+        status = int(err.get("code") or 500)
+    except (ValueError, KeyError, TypeError):
+        status, err = 500, {"message": chunk.strip()}
+    rec.fail(status, "engine_error" if status >= 500 else "invalid_request",
+             str(err.get("message")), "error" if status >= 500 else "rejected")
+
+
+async def _until_disconnect(raw: Request, work):
+    """Run `work`, cancelling it (and so aborting the engine request) if the
+    client disconnects first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(raw))
+    done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        watch.cancel()
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+    raise ClientGone
+
+
+async def _disconnected(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _read_json(raw: Request, limit: int):
+    declared = raw.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
+    body = bytearray()
+    async for part in raw.stream():
+        body += part
+        if len(body) > limit:
+            raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
+    try:
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, "invalid_utf8", f"request body is not valid UTF-8: {exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "invalid_json", "request body must be a JSON object")
+    return data
+
+
+def _parse(request_cls, body: dict):
+    try:
+        return request_cls.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+def _check_limits(request, max_n: int) -> None:
+    n = getattr(request, "n", 1) or 1
+    if n > max_n:
+        raise ApiError(400, "invalid_n", f"n={n} exceeds this server's limit of {max_n}", "n")
+
+
+def _pin_request_id(raw: Request, request_id: str) -> None:
+    """Make vLLM use our id (it reads X-Request-Id), so the response id, engine
+    request id and trace-log row agree."""
+    headers = [(k, v) for k, v in raw.scope["headers"] if k != b"x-request-id"]
+    headers.append((b"x-request-id", request_id.encode()))
+    raw.scope["headers"] = headers
+    raw.__dict__.pop("_headers", None)

@@ -1,0 +1,110 @@
+"""Everything one server process owns, wired in data-path order:
+engine -> step ledger / stat logger -> spans, metrics, trace log -> observer.
+
+`Runtime.start()` brings it up (the engine last, since it is the slow part) and
+`stop()` takes it down in reverse, flushing the trace log last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from observe.metrics import RequestMetrics, create_prometheus_export
+from observe.stats import WallClock
+from observe.tracelog import TraceLog
+from observe.tracing import RequestSpans, create_tracer_provider
+from serving.admin import resolve_admin_token
+from serving.config import ServerConfig
+from serving.engine import ObservedEngine, start_engine, vllm_namespace
+from serving.engine_stats import EngineSecond, stat_logger_factory
+from serving.observer import Observer
+from serving.steps import StepLedger
+
+log = logging.getLogger("tailguard")
+
+
+@dataclass(slots=True)
+class EngineHandle:
+    """The engine and vLLM's OpenAI serving objects built on it."""
+
+    engine: object
+    args: object
+    chat: object
+    completion: object
+    models: object
+
+
+class Runtime:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.clock = WallClock()
+        self.tracelog = TraceLog(config.db, flush_interval_s=config.flush_interval_s)
+        self.metrics_export = create_prometheus_export()
+        self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"))
+        self.tracer_provider = create_tracer_provider(lambda row: self.tracelog.add("spans", row))
+        self.spans = RequestSpans(self.tracer_provider, self.clock)
+        self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock)
+        self.second = EngineSecond()
+        self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step])
+        self.admin_token, self.admin_token_source = resolve_admin_token(
+            config.db, config.admin_token_file)
+        self.handle: EngineHandle | None = None
+        self._ticker: asyncio.Task | None = None
+        self._dropped_seen: dict[str, int] = {}
+
+    def _on_step(self, step) -> None:
+        self.metrics.record_step(len(step.request_ids))
+
+    @property
+    def ready(self) -> bool:
+        return self.handle is not None and not getattr(self.handle.engine, "errored", False)
+
+    async def start(self) -> None:
+        self.ledger.start()
+        args = vllm_namespace(self.config.model, self.config.served_model_name,
+                              self.config.vllm_args)
+        engine = start_engine(args, [stat_logger_factory(self.second)])
+        self.handle = await _serving_handle(ObservedEngine(engine, self.ledger), args)
+        self._ticker = asyncio.create_task(self._tick_engine_seconds())
+        log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
+                 self.config.db)
+
+    async def _tick_engine_seconds(self) -> None:
+        """Once a second: an `engine_stats` row and the engine gauges."""
+        while True:
+            await asyncio.sleep(1.0)
+            snap = self.second.take()
+            self.metrics.record_engine(snap)
+            self.tracelog.add("engine_stats", snap.row(self.clock))
+            self._report_dropped()
+
+    def _report_dropped(self) -> None:
+        """Turn the writer's cumulative drop counts into counter increments."""
+        for table, total in self.tracelog.stats()["rows_dropped"].items():
+            self.metrics.record_dropped(table, total - self._dropped_seen.get(table, 0))
+            self._dropped_seen[table] = total
+
+    async def stop(self) -> None:
+        if self._ticker:
+            self._ticker.cancel()
+        if self.handle:
+            self.handle.engine.shutdown()
+            self.handle = None
+        self.ledger.close()
+        self.tracer_provider.shutdown()
+        self.metrics_export.shutdown()
+        self.tracelog.close()
+
+
+async def _serving_handle(engine: ObservedEngine, args) -> EngineHandle:
+    """vLLM's own app state (chat, completion, models) built on our engine client."""
+    from starlette.datastructures import State
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+
+    tasks = await engine.get_supported_tasks()
+    state = State()
+    await init_app_state(engine, state, args, tasks)
+    return EngineHandle(engine, args, state.openai_serving_chat,
+                        state.openai_serving_completion, state.openai_serving_models)

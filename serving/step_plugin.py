@@ -1,0 +1,91 @@
+"""Engine-step probe, loaded by vLLM as a general plugin in every engine process.
+
+vLLM's per-request stats carry no sampling time, so we time the model runner's two
+halves of each step, `execute_model` (forward) and `sample_tokens` (sampler), where
+they run: in the engine-core process. Each step goes to the server as one datagram
+on a Unix socket whose path the server puts in `TAILGUARD_STEP_SOCKET` before the
+engine starts. Sending never blocks the engine: a full socket drops the record and
+counts it. Without the variable the plugin does nothing.
+
+Wall times of `execute_model`/`sample_tokens` are exact on CPU, where both run
+synchronously; on CUDA they measure launch plus any synchronisation vLLM performs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"
+_PATCHED_FLAG = "_tailguard_step_probe"
+
+
+class StepSender:
+    """Packs one step into a datagram and sends it without ever waiting."""
+
+    __slots__ = ("path", "sock", "index", "dropped", "_pending")
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.index = 0
+        self.dropped = 0
+        self._pending: tuple | None = None
+
+    def forward_done(self, start: float, end: float, scheduler_output) -> None:
+        tokens = scheduler_output.num_scheduled_tokens
+        if tokens:
+            self._pending = (start, end - start, scheduler_output.total_num_scheduled_tokens,
+                             list(tokens))
+
+    def sampling_done(self, start: float, end: float) -> None:
+        self.send(end - start if self._pending else 0.0)
+
+    def send(self, sampling_s: float) -> None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        start, forward_s, tokens, req_ids = pending
+        self.index += 1
+        payload = json.dumps([self.index, start, forward_s, sampling_s, tokens, req_ids])
+        try:
+            self.sock.sendto(payload.encode(), self.path)
+        except OSError:  # server gone or socket full: the engine must not care
+            self.dropped += 1
+
+
+def _wrap(runner_cls, sender: StepSender) -> None:
+    execute_model, sample_tokens = runner_cls.execute_model, runner_cls.sample_tokens
+
+    def timed_execute_model(self, scheduler_output, *args, **kwargs):
+        start = time.monotonic()
+        out = execute_model(self, scheduler_output, *args, **kwargs)
+        sender.forward_done(start, time.monotonic(), scheduler_output)
+        if out is not None:  # no sampling phase this step
+            sender.send(0.0)
+        return out
+
+    def timed_sample_tokens(self, *args, **kwargs):
+        start = time.monotonic()
+        out = sample_tokens(self, *args, **kwargs)
+        sender.sampling_done(start, time.monotonic())
+        return out
+
+    runner_cls.execute_model = timed_execute_model
+    runner_cls.sample_tokens = timed_sample_tokens
+    setattr(runner_cls, _PATCHED_FLAG, True)
+
+
+def register() -> None:
+    """vLLM `general_plugins` entry point; may run several times per process."""
+    path = os.environ.get(ENV_STEP_SOCKET)
+    if not path:
+        return
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, _PATCHED_FLAG, False):
+        return
+    _wrap(GPUModelRunner, StepSender(path))

@@ -1,0 +1,1 @@
+"""SLO specs, context-aware targets and per-request verdicts."""

@@ -1,0 +1,1 @@
+"""tailguard: observability and SLOs for LLM inference, with vLLM serving built in."""

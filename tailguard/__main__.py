@@ -1,0 +1,3 @@
+from tailguard.cli import main
+
+main()

@@ -1,0 +1,40 @@
+"""The `tailguard` command: one click group, thin commands over library code.
+
+Bad arguments exit 2 with one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tailguard import commands
+
+
+class Group(click.Group):
+    """Click group whose usage errors are one line and exit code 2."""
+
+    def main(self, args=None, prog_name=None, **kwargs):
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "tailguard",
+                              standalone_mode=False, **kwargs)
+        except click.exceptions.Exit as exc:
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            sys.exit(130)
+        except click.ClickException as exc:
+            click.echo(f"tailguard: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code if exc.exit_code != 1 else 2)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=Group)
+@click.version_option(package_name="tailguard")
+def main():
+    """tailguard: observe, judge and protect LLM inference served by vLLM."""
+
+
+main.add_command(commands.model)
+main.add_command(commands.serve)
+main.add_command(commands.query)

@@ -1,0 +1,104 @@
+"""Command bodies: parse, then call library code."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+EMBEDDED_NAME = "tailguard-tiny-llama"
+
+
+@click.group()
+def model():
+    """The embedded tiny model."""
+
+
+@model.command("init")
+@click.argument("directory", required=False, type=click.Path(file_okay=False))
+def model_init(directory):
+    """Build the embedded tiny Llama offline (cached) and print its path.
+
+    Example: tailguard model init ./tiny-model
+    """
+    from serving.model import ensure_model
+
+    click.echo(str(ensure_model(directory)))
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.option("--model", "model_path", type=click.Path(exists=True, file_okay=False),
+              help="Local Hugging Face model directory (default: the embedded model).")
+@click.option("--served-model-name", help="Name clients use for the model.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--db", help="Trace-log DuckDB file (default: $TAILGUARD_DB or tailguard.duckdb).")
+@click.option("--admin-token-file", type=click.Path(dir_okay=False),
+              help="Admin token file (default: $TAILGUARD_ADMIN_TOKEN, else generated).")
+@click.option("--flush-interval", type=click.FloatRange(0.01, 60), help="Trace flush period, s.")
+@click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
+def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
+          vllm_args):
+    """OpenAI-compatible server with full observation.
+
+    Arguments after `--` go to vLLM's engine unchanged.
+
+    Example: tailguard serve --port 8000 --db trace.duckdb -- --max-num-seqs 32
+    """
+    from serving.config import ServerConfig
+
+    if not model_path:
+        model_path, served_model_name = str(_embedded_model()), served_model_name or EMBEDDED_NAME
+    try:
+        config = ServerConfig(
+            model=model_path, served_model_name=served_model_name,
+            host=host, port=port, db=db, admin_token_file=admin_token_file,
+            flush_interval_s=flush_interval, vllm_args=list(vllm_args))
+    except ValueError as exc:
+        raise click.UsageError(str(exc))
+    from serving.server import run
+
+    run(config)
+
+
+def _embedded_model():
+    from serving.model import ensure_model
+
+    return ensure_model()
+
+
+@click.command()
+@click.option("--db", type=click.Path(dir_okay=False), help="Trace-log file (read-only).")
+@click.option("--url", help="A running server (its /admin/query).")
+@click.option("--token-file", type=click.Path(dir_okay=False),
+              help="Admin token file for --url (default: $TAILGUARD_ADMIN_TOKEN).")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
+              show_default=True)
+@click.option("--max-rows", default=10_000, show_default=True, type=click.IntRange(1))
+@click.argument("sql")
+def query(db, url, token_file, fmt, max_rows, sql):
+    """Read-only SQL over the trace log.
+
+    Example: tailguard query --db tailguard.duckdb "SELECT status, count(*) FROM requests GROUP BY 1"
+    """
+    from observe.query import QueryError, format_result
+
+    if bool(db) == bool(url):
+        raise click.UsageError("give exactly one of --db FILE or --url URL")
+    try:
+        if db:
+            from observe.query import query_file
+
+            if not os.path.exists(db):
+                raise click.UsageError(f"no such trace log: {db}")
+            result = query_file(db, sql, max_rows=max_rows)
+        else:
+            from tailguard.remote import query_url
+
+            result = query_url(url, sql, token_file, max_rows)
+    except QueryError as exc:
+        raise click.UsageError(str(exc))
+    sys.stdout.write(format_result(result, fmt))
+    if result.truncated:
+        click.echo(f"(truncated to {max_rows} rows)", err=True)

@@ -1,0 +1,108 @@
+"""Shared fixtures: one real tailguard server (real vLLM engine on the embedded
+model, real DuckDB file) per test session, started through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ADMIN_TOKEN = "test-admin-token"
+STARTUP_TIMEOUT_S = 180
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    db: Path
+    process: subprocess.Popen
+    log: Path
+
+    def admin(self, path: str, body: dict | None = None, token: str = ADMIN_TOKEN) -> dict:
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body or {}).encode(), method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def sql(self, sql: str) -> list[dict]:
+        """Flush, then run a read-only query through the server."""
+        self.admin("/admin/flush")
+        data = self.admin("/admin/query", {"sql": sql})
+        return [dict(zip(data["columns"], row)) for row in data["rows"]]
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
+
+def start_server(tmp: Path, *extra: str) -> Server:
+    port = free_port()
+    db = tmp / "trace.duckdb"
+    log = tmp / "server.log"
+    env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=ADMIN_TOKEN)
+    cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db", str(db),
+           "--flush-interval", "0.2", *extra]
+    process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}", db, process, log)
+    _wait_ready(server)
+    return server
+
+
+def _wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited:\n{server.log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(server.url + "/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    server.process.kill()
+    raise RuntimeError(f"server not ready in {STARTUP_TIMEOUT_S}s:\n{server.log.read_text()[-4000:]}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("server"))
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def model_name(server) -> str:
+    with urllib.request.urlopen(server.url + "/v1/models", timeout=10) as resp:
+        return json.loads(resp.read())["data"][0]["id"]
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)

@@ -1,0 +1,343 @@
+"""The trace-log writer, its schema and the read-only query helpers, on real DuckDB files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+import duckdb
+import pytest
+
+from observe.query import QueryError, QueryResult, check_read_only, format_result, query_file
+from observe.schema import REQUESTS, SPANS, TABLES, create_schema
+from observe.tracelog import FLUSH_INTERVAL_ENV, TraceLog, TraceLogConfig
+
+UTC = timezone.utc
+ARRIVAL = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
+# What DESCRIBE reports for each declared type.
+DESCRIBED = {"TIMESTAMPTZ": "TIMESTAMP WITH TIME ZONE"}
+
+FULL_REQUEST = {
+    "request_id": "req-1", "trace_id": "0af7651916cd43dd8448eb211c80319c",
+    "arrival_ts": ARRIVAL, "model": "tiny-llama", "endpoint": "/v1/chat/completions",
+    "stream": True, "priority": "realtime", "status": "error", "http_status": 503,
+    "error_type": "overloaded", "error_message": "shed by policy", "finish_reason": "length",
+    "prompt_tokens": 1500, "output_tokens": 64, "max_tokens": 128,
+    "context_bucket": "1k-4k", "batch_bucket": "0-256", "queue_s": 0.125, "prefill_s": 0.25,
+    "decode_s": 1.5, "sampling_s": 0.0625, "ttft_s": 0.375, "tpot_s": 0.0234375,
+    "e2e_s": 1.875, "iterations": 64, "avg_iter_s": 0.0234375, "preemptions": 2,
+    "slo_ttft_target_s": 0.5, "slo_ok": False, "policy_actions": ["shed", "cap_max_tokens"],
+}
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "trace.duckdb")
+
+
+def read_all(path: str, sql: str) -> list[tuple]:
+    with duckdb.connect(path, read_only=True) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def wait_until(condition, timeout_s: float) -> float:
+    """Poll `condition`; return the seconds it took to hold (fails the test on timeout)."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, "condition not met in time"
+        time.sleep(0.01)
+    return time.monotonic() - started
+
+
+# --- schema --------------------------------------------------------------------------
+
+def test_each_table_is_created_with_the_declared_columns_in_order(db_path):
+    TraceLog(db_path).close()
+    for spec in TABLES.values():
+        described = read_all(db_path, f"SELECT column_name, column_type FROM (DESCRIBE {spec.name})")
+        assert described == [(n, DESCRIBED.get(t, t)) for n, t in spec.columns]
+        assert spec.arrow_schema.names == list(spec.column_names)
+
+
+def test_reopening_a_file_keeps_rows_and_creates_nothing_twice(db_path):
+    with TraceLog(db_path) as log:
+        log.add("requests", {"request_id": "a"})
+    with TraceLog(db_path) as log:
+        log.add("requests", {"request_id": "b"})
+    with duckdb.connect(db_path) as conn:
+        assert create_schema(conn) == []
+    assert read_all(db_path, "SELECT request_id FROM requests ORDER BY 1") == [("a",), ("b",)]
+
+
+def test_an_older_file_gains_the_missing_columns_and_rows_land_by_name(db_path):
+    old_columns = [c for c in REQUESTS.columns if c[0] not in ("endpoint", "policy_actions")]
+    with duckdb.connect(db_path) as conn:
+        conn.execute(f"CREATE TABLE requests ({', '.join(f'{n} {t}' for n, t in old_columns)})")
+        conn.execute("INSERT INTO requests (request_id) VALUES ('old')")
+    with TraceLog(db_path) as log:
+        log.add("requests", {"request_id": "new", "endpoint": "/v1/completions",
+                             "policy_actions": ["shed"], "status": "ok"})
+    names = [n for (n,) in read_all(db_path, "SELECT column_name FROM (DESCRIBE requests)")]
+    assert names[-2:] == ["endpoint", "policy_actions"]  # added at the end
+    rows = read_all(db_path, "SELECT request_id, endpoint, policy_actions, status "
+                             "FROM requests ORDER BY request_id")
+    assert rows == [("new", "/v1/completions", ["shed"], "ok"), ("old", None, None, None)]
+
+
+# --- writing -------------------------------------------------------------------------
+
+def test_rows_round_trip_with_exact_values_and_types(db_path):
+    with TraceLog(db_path) as log:
+        log.add("requests", FULL_REQUEST)
+        log.add("requests", {"request_id": "req-2", "arrival_ts": ARRIVAL.timestamp()})
+        log.add("spans", {"span_id": "s1", "name": "llm.request", "start_ts": ARRIVAL,
+                          "end_ts": ARRIVAL.timestamp() + 1.5, "duration_s": 1.5,
+                          "attributes": {"gen_ai.request.model": "tiny", "n": [1, 2]}})
+        log.add("spans", {"span_id": "s2", "attributes": '{"already": "text"}'})
+        log.add("engine_stats", {"ts": 1741064767, "running": 3, "preemptions": 2**40})
+    requests = read_all(db_path, "SELECT * FROM requests ORDER BY request_id")
+    assert requests[0] == tuple(FULL_REQUEST[name] for name in REQUESTS.column_names)
+    assert requests[1] == ("req-2", None, ARRIVAL) + (None,) * 27
+    spans = read_all(db_path, "SELECT span_id, start_ts, end_ts, attributes, "
+                              "attributes->>'$.n[1]', typeof(attributes) FROM spans ORDER BY 1")
+    assert spans == [
+        ("s1", ARRIVAL, datetime(2025, 3, 4, 5, 6, 9, 390123, tzinfo=UTC),
+         '{"gen_ai.request.model": "tiny", "n": [1, 2]}', "2", "JSON"),
+        ("s2", None, None, '{"already": "text"}', None, "JSON"),
+    ]
+    stats = read_all(db_path, "SELECT ts, running, waiting, preemptions FROM engine_stats")
+    assert stats == [(datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC), 3, None, 2**40)]
+
+
+def test_a_bad_value_nulls_one_cell_and_keeps_the_row(db_path):
+    with TraceLog(db_path) as log:
+        log.add("requests", {"request_id": "a", "prompt_tokens": "many", "e2e_s": 0.5})
+        log.add("spans", {"span_id": "s", "attributes": "{not json"})
+    assert read_all(db_path, "SELECT request_id, prompt_tokens, e2e_s FROM requests") == [
+        ("a", None, 0.5)]
+    assert read_all(db_path, "SELECT attributes->>'$' FROM spans") == [("{not json",)]
+
+
+def test_unknown_table_or_column_is_a_value_error():
+    with TraceLog() as log:
+        with pytest.raises(ValueError, match="unknown trace-log table 'reqs'"):
+            log.add("reqs", {})
+        with pytest.raises(ValueError, match="unknown column\\(s\\) for requests: colour, size"):
+            log.add("requests", {"request_id": "a", "size": 1, "colour": "red"})
+        assert log.stats()["pending_rows"] == 0
+
+
+def test_four_threads_adding_ten_thousand_rows_each_write_exactly_forty_thousand(db_path):
+    with TraceLog(db_path, flush_interval_s=0.05, max_buffer_rows=3000) as log:
+        def add_rows(thread: int) -> None:
+            for i in range(10_000):
+                log.add("requests", {"request_id": f"{thread}-{i}", "prompt_tokens": i})
+
+        threads = [threading.Thread(target=add_rows, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert read_all(db_path, "SELECT count(*), count(DISTINCT request_id), sum(prompt_tokens) "
+                             "FROM requests") == [(40_000, 40_000, 4 * 49_995_000)]
+
+
+def test_the_background_thread_flushes_within_the_interval(monkeypatch):
+    monkeypatch.delenv(FLUSH_INTERVAL_ENV, raising=False)
+    with TraceLog() as log:
+        assert log.config.flush_interval_s == 1.0
+        log.add("requests", {"request_id": "a"})
+        assert log.stats()["rows_written"]["requests"] == 0
+        took = wait_until(lambda: log.stats()["rows_written"]["requests"] == 1, timeout_s=5)
+        assert took <= 1.5
+
+
+def test_a_full_buffer_wakes_the_flusher_before_the_interval():
+    with TraceLog(flush_interval_s=3600, max_buffer_rows=100) as log:
+        for i in range(100):
+            log.add("spans", {"span_id": str(i)})
+        wait_until(lambda: log.stats()["rows_written"]["spans"] == 100, timeout_s=5)
+        assert log.stats()["flushes"] == 1
+
+
+def test_flush_interval_comes_from_argument_then_environment_then_default(monkeypatch):
+    monkeypatch.setenv(FLUSH_INTERVAL_ENV, "0.25")
+    assert TraceLogConfig().flush_interval_s == 0.25
+    assert TraceLogConfig(flush_interval_s=2.0).flush_interval_s == 2.0
+    monkeypatch.setenv(FLUSH_INTERVAL_ENV, "soon")
+    with pytest.raises(ValueError, match=FLUSH_INTERVAL_ENV):
+        TraceLogConfig()
+    with pytest.raises(ValueError, match="max_pending_rows must be > 0"):
+        TraceLogConfig(flush_interval_s=1.0, max_pending_rows=0)
+
+
+def test_rows_beyond_the_pending_limit_are_dropped_and_counted():
+    with TraceLog(flush_interval_s=3600, max_pending_rows=10) as log:
+        for i in range(15):
+            log.add("requests", {"request_id": str(i)})
+        assert log.stats()["pending_rows"] == 10
+        log.flush()
+        assert log.stats() == {
+            "rows_written": {**dict.fromkeys(TABLES, 0), "requests": 10},
+            "rows_dropped": {**dict.fromkeys(TABLES, 0), "requests": 5},
+            "flushes": 1, "last_flush_s": log.stats()["last_flush_s"], "pending_rows": 0,
+        }
+        assert log.stats()["last_flush_s"] > 0
+
+
+def test_a_failing_write_never_raises_and_counts_the_dropped_rows(db_path, caplog):
+    log = TraceLog(db_path, flush_interval_s=3600)
+    log._conn.close()  # the file goes away under the writer, as a full disk would
+    with caplog.at_level(logging.ERROR, logger="observe.tracelog"):
+        for _ in range(3):
+            log.add("requests", {"request_id": "lost"})
+            log.add("spans", {"span_id": "lost"})
+            log.flush()
+    assert log.stats()["rows_dropped"] == {**dict.fromkeys(TABLES, 0), "requests": 3, "spans": 3}
+    assert log.stats()["rows_written"]["requests"] == 0
+    assert len(caplog.records) == 1  # one line per failure streak
+    assert "write failed" in caplog.records[0].getMessage()
+    log.close()
+    log.close()  # idempotent
+    log.add("requests", {"request_id": "late"})  # after close: counted, not raised
+    assert log.stats()["rows_dropped"]["requests"] == 4
+
+
+# --- reading -------------------------------------------------------------------------
+
+@pytest.fixture
+def filled_log():
+    with TraceLog(flush_interval_s=3600) as log:
+        for i in range(3):
+            log.add("requests", {"request_id": f"r{i}", "e2e_s": i / 4, "arrival_ts": ARRIVAL})
+        log.flush()
+        yield log
+
+
+def test_query_returns_columns_rows_and_types(filled_log):
+    result = filled_log.query("SELECT request_id, e2e_s FROM requests WHERE e2e_s > ? "
+                              "ORDER BY 1", [0.1])
+    assert result == QueryResult(["request_id", "e2e_s"], [("r1", 0.25), ("r2", 0.5)],
+                                 truncated=False, types=["VARCHAR", "DOUBLE"])
+    assert filled_log.query("DESCRIBE requests").rows[0][:2] == ("request_id", "VARCHAR")
+
+
+def test_query_truncates_to_max_rows_and_says_so(filled_log):
+    assert filled_log.query("SELECT * FROM range(25)", max_rows=10).truncated is True
+    assert len(filled_log.query("SELECT * FROM range(25)", max_rows=10).rows) == 10
+    assert filled_log.query("SELECT * FROM range(10)", max_rows=10).truncated is False
+
+
+@pytest.mark.parametrize("sql, reason", [
+    ("INSERT INTO requests (request_id) VALUES ('x')", "not INSERT"),
+    ("DELETE FROM requests", "not DELETE"),
+    ("UPDATE requests SET status = 'ok'", "not UPDATE"),
+    ("COPY requests TO '/tmp/out.csv'", "not COPY"),
+    ("ATTACH '/tmp/other.duckdb' AS other", "not ATTACH"),
+    ("CREATE TABLE t (a INTEGER)", "not CREATE"),
+    ("DROP TABLE requests", "not DROP"),
+    ("PRAGMA version", "not PRAGMA"),
+    ("SET threads = 1", "not SET"),
+    ("EXPLAIN ANALYZE DELETE FROM requests", "not EXPLAIN"),
+    ("SELECT 1; SELECT 2", "expected exactly one statement, got 2"),
+    ("SELECT 1; DELETE FROM requests", "expected exactly one statement, got 2"),
+    ("WITH gone AS (DELETE FROM requests RETURNING *) SELECT * FROM gone",
+     "data-modifying statements are not allowed \\(DELETE\\)"),
+    ("SELEC 1", "cannot parse query"),
+])
+def test_query_refuses_anything_but_one_read_only_select(filled_log, sql, reason):
+    with pytest.raises(QueryError, match=reason):
+        filled_log.query(sql)
+    assert filled_log.query("SELECT count(*) FROM requests").rows == [(3,)]
+
+
+def test_query_cannot_read_files(filled_log):
+    with pytest.raises(QueryError, match="file system operations are disabled"):
+        filled_log.query("SELECT * FROM read_csv('/etc/passwd')")
+
+
+def test_a_slow_query_is_interrupted_and_the_writer_keeps_working(filled_log):
+    started = time.monotonic()
+    with pytest.raises(QueryError, match="^query timed out after 0.2s$"):
+        filled_log.query("SELECT count(*) FROM range(1000000000) a, range(1000000000) b "
+                         "WHERE a.range + b.range = -1", timeout_s=0.2)
+    assert time.monotonic() - started < 5
+    filled_log.add("requests", {"request_id": "after"})
+    filled_log.flush()
+    assert filled_log.query("SELECT count(*) FROM requests").rows == [(4,)]
+
+
+def test_check_read_only_returns_the_statement():
+    assert check_read_only("  SELECT 1 AS one ;").strip(" ;") == "SELECT 1 AS one"
+
+
+def test_query_file_reads_a_file_no_server_holds(db_path):
+    with TraceLog(db_path) as log:
+        log.add("requests", {"request_id": "a", "arrival_ts": ARRIVAL})
+    result = query_file(db_path, "SELECT request_id, arrival_ts FROM requests")
+    assert result.rows == [("a", ARRIVAL)]
+    with pytest.raises(QueryError, match="not DELETE"):
+        query_file(db_path, "DELETE FROM requests")
+    with pytest.raises(QueryError, match="file system operations are disabled"):
+        query_file(db_path, "SELECT * FROM read_csv('/etc/passwd')")
+    with pytest.raises(QueryError, match="no trace log at"):
+        query_file(db_path + ".missing", "SELECT 1")
+
+
+def test_query_file_on_a_file_a_server_holds_says_to_use_url(db_path):
+    TraceLog(db_path).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "print('ready', flush=True); time.sleep(60)", db_path],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(QueryError, match="held by a running tailguard server.*--url"):
+            query_file(db_path, "SELECT count(*) FROM requests")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# --- formatting ----------------------------------------------------------------------
+
+TINY = QueryResult(
+    columns=["request_id", "arrival_ts", "e2e_s", "slo_ok", "actions", "attributes"],
+    rows=[("r1", ARRIVAL, 1.25, True, ["shed"], '{"k": 1}'),
+          ("r22", None, 10.5, None, [], None)],
+    types=["VARCHAR", "TIMESTAMP WITH TIME ZONE", "DOUBLE", "BOOLEAN", "VARCHAR[]", "JSON"],
+)
+
+
+def test_format_table_aligns_columns_and_right_aligns_numbers():
+    assert format_result(TINY, "table") == (
+        "request_id  arrival_ts                        e2e_s  slo_ok  actions   attributes\n"
+        "----------  --------------------------------  -----  ------  --------  ----------\n"
+        "r1          2025-03-04T05:06:07.890123+00:00   1.25  true    [\"shed\"]  {\"k\": 1}\n"
+        "r22         NULL                               10.5  NULL    []        NULL\n"
+        "(2 rows)\n"
+    )
+
+
+def test_format_csv_writes_empty_cells_for_null():
+    assert format_result(TINY, "csv") == (
+        "request_id,arrival_ts,e2e_s,slo_ok,actions,attributes\n"
+        'r1,2025-03-04T05:06:07.890123+00:00,1.25,true,"[""shed""]","{""k"": 1}"\n'
+        "r22,,10.5,,[],\n"
+    )
+
+
+def test_format_json_is_a_list_of_objects_with_iso_timestamps_and_nested_json():
+    assert json.loads(format_result(TINY, "json")) == [
+        {"request_id": "r1", "arrival_ts": "2025-03-04T05:06:07.890123+00:00", "e2e_s": 1.25,
+         "slo_ok": True, "actions": ["shed"], "attributes": {"k": 1}},
+        {"request_id": "r22", "arrival_ts": None, "e2e_s": 10.5, "slo_ok": None,
+         "actions": [], "attributes": None},
+    ]
+    with pytest.raises(ValueError, match="fmt must be one of table, csv, json"):
+        format_result(TINY, "xml")
