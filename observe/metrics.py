@@ -37,10 +37,7 @@ class MetricsExport:
     registry: object
 
     def shutdown(self) -> None:
-        try:
-            self.registry.unregister(self.reader._collector)
-        except (KeyError, AttributeError):
-            pass
+        """Stops the provider; its reader unregisters itself from the registry."""
         self.provider.shutdown()
 
 

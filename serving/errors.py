@@ -52,6 +52,24 @@ def from_vllm_validation(exc) -> ApiError:
     return ApiError(400, _PARAMETER_TYPES.get(param, "invalid_request"), str(exc), param)
 
 
+def from_exception(exc: Exception) -> ApiError:
+    """Any exception out of vLLM's serving code, by vLLM's own error hierarchy."""
+    from vllm import exceptions as E
+
+    if isinstance(exc, E.VLLMNotFoundError):
+        return ApiError(404, "not_found", str(exc))
+    if isinstance(exc, E.VLLMUnprocessableEntityError):
+        return ApiError(422, "unprocessable_entity", str(exc))
+    if isinstance(exc, (E.VLLMClientError, ValueError, TypeError, OverflowError)):
+        return from_vllm_validation(exc)
+    if isinstance(exc, E.GracefulHTTPError):
+        status = int(exc.http_status)
+        return ApiError(status, "engine_overloaded" if status in (429, 503) else "engine_error",
+                        str(exc))
+    status = int(getattr(exc, "status_code", 500))
+    return ApiError(status, "engine_error", f"engine failed: {exc}")
+
+
 def from_vllm_response(error_response) -> ApiError:
     """vLLM's own `ErrorResponse` (e.g. unknown model) -> ApiError."""
     err = error_response.error

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -15,8 +16,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
 from serving.engine import current_request
-from serving.errors import ApiError, from_validation, from_vllm_response, from_vllm_validation
+from serving.errors import ApiError, from_exception, from_validation, from_vllm_response
 
+log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's code for "client closed request"
 
 
@@ -54,6 +56,12 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
         rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", "aborted")
         runtime.observer.finish(rec, span)
         return None
+    except Exception as exc:  # a bug of ours: still a row, still a JSON answer
+        log.exception("request %s failed", rec.request_id)
+        error = ApiError(500, "internal_error", f"internal error: {type(exc).__name__}")
+        rec.fail(error.status, error.error_type, str(exc), error.outcome)
+        runtime.observer.finish(rec, span)
+        return error.response()
     if isinstance(result, AsyncIterator):
         stream = _observed_stream(result, rec, span, runtime)
         return StreamingResponse(stream, media_type="text/event-stream")
@@ -66,10 +74,8 @@ async def _call(serving, handler: str, request, raw: Request):
 
     try:
         result = await getattr(serving, handler)(request, raw)
-    except (ValueError, TypeError, OverflowError) as exc:  # VLLMValidationError is a ValueError
-        raise from_vllm_validation(exc) from None
     except Exception as exc:
-        raise ApiError(500, "engine_error", f"engine failed: {exc}") from None
+        raise from_exception(exc) from None
     if isinstance(result, ErrorResponse):
         raise from_vllm_response(result)
     return result
@@ -151,6 +157,8 @@ def _parse(request_cls, body: dict):
         return request_cls.model_validate(body)
     except ValidationError as exc:
         raise from_validation(exc) from None
+    except Exception as exc:  # vLLM's validators raise its own errors directly
+        raise from_exception(exc) from None
 
 
 def _check_limits(request, max_n: int) -> None:
