@@ -1,0 +1,19 @@
+# The two commands of the README: `make serve` (the main job) and `make test`.
+# Each installs what it needs first (scripts/install.sh, once per change).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: serve test install bench-overhead
+
+$(VENV)/.installed: pyproject.toml scripts/install.sh
+	VENV=$(VENV) bash scripts/install.sh
+
+install: $(VENV)/.installed
+
+serve: $(VENV)/.installed
+	$(PY) -m tailguard serve --port $(PORT)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_ARGS)

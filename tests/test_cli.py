@@ -1,0 +1,123 @@
+"""The `tailguard` command: thin commands, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+from observe.tracelog import TraceLog
+from tests.conftest import ADMIN_TOKEN
+
+
+def tailguard(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tailguard", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def trace_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "trace.duckdb"
+    with TraceLog(str(path)) as log:
+        for i, status in enumerate(["ok", "ok", "rejected"]):
+            log.add("requests", {
+                "request_id": f"r{i}", "status": status, "prompt_tokens": 10 * i,
+                "arrival_ts": datetime(2026, 11, 30, 12, 0, i, tzinfo=timezone.utc),
+                "e2e_s": 0.5 + i, "policy_actions": []})
+    return path
+
+
+def test_query_a_file_as_csv(trace_file):
+    out = tailguard("query", "--db", str(trace_file), "--format", "csv",
+                    "SELECT status, count(*) AS n FROM requests GROUP BY 1 ORDER BY 1")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["status,n", "ok,2", "rejected,1"]
+
+
+def test_query_a_file_as_json(trace_file):
+    out = tailguard("query", "--db", str(trace_file), "--format", "json",
+                    "SELECT request_id, arrival_ts FROM requests WHERE request_id = 'r1'")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows[0]["request_id"] == "r1"
+    assert datetime.fromisoformat(rows[0]["arrival_ts"]) == \
+        datetime(2026, 11, 30, 12, 0, 1, tzinfo=timezone.utc)
+
+
+def test_query_as_a_table(trace_file):
+    out = tailguard("query", "--db", str(trace_file), "SELECT request_id FROM requests ORDER BY 1")
+    assert out.returncode == 0
+    assert [line.strip() for line in out.stdout.splitlines()][2:5] == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["query", "SELECT 1"], "exactly one of --db"),
+    (["query", "--db", "x.duckdb", "--url", "http://127.0.0.1:1", "SELECT 1"], "exactly one"),
+    (["query", "--db", "/nonexistent/t.duckdb", "SELECT 1"], "no such trace log"),
+    (["query", "--format", "xml", "--db", "t", "SELECT 1"], "xml"),
+    (["serve", "--port", "0"], "0"),
+    (["serve", "--model", "/nonexistent"], "/nonexistent"),
+    (["no-such-command"], "no-such-command"),
+])
+def test_bad_arguments_exit_2_with_one_line(args, needle):
+    out = tailguard(*args)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_writes_are_refused_with_one_line(trace_file):
+    out = tailguard("query", "--db", str(trace_file), "DELETE FROM requests")
+    assert out.returncode == 2 and "SELECT" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_file_held_by_the_server_points_to_url(server):
+    out = tailguard("query", "--db", str(server.db), "SELECT 1")
+    assert out.returncode == 2 and "--url" in out.stderr
+
+
+def test_query_through_the_server(server, client, model_name):
+    client.completions.create(model=model_name, prompt="via url", max_tokens=2)
+    server.admin("/admin/flush")
+    out = tailguard("query", "--url", server.url, "--format", "csv",
+                    "SELECT count(*) > 0 AS any FROM requests WHERE status = 'ok'",
+                    env={"TAILGUARD_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["any", "true"]
+
+
+def test_the_admin_api_needs_the_token(server):
+    import urllib.error
+
+    with pytest.raises(urllib.error.HTTPError) as err:
+        server.admin("/admin/query", {"sql": "SELECT 1"}, token="wrong")
+    assert err.value.code == 401
+
+
+def test_model_init_builds_once_then_reuses(tmp_path):
+    target = tmp_path / "model"
+    first = tailguard("model", "init", str(target))
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.strip() == str(target)
+    stamp = target / "tailguard-model.json"
+    built_at = stamp.stat().st_mtime_ns
+    again = tailguard("model", "init", str(target))
+    assert again.returncode == 0 and stamp.stat().st_mtime_ns == built_at
+    config = json.loads((target / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    tokenizer = json.loads((target / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in (target / "chat_template.jinja").read_text()
+    assert tokenizer["eos_token"] == "<|im_end|>"
+
+
+def test_model_is_deterministic(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert tailguard("model", "init", str(a)).returncode == 0
+    assert tailguard("model", "init", str(b)).returncode == 0
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name

@@ -1,0 +1,86 @@
+"""The step probe's datagrams credit sampler time to the right requests."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from observe.stats import StepRecord
+from serving.engine_stats import EngineSecond
+from serving.step_plugin import ENV_STEP_SOCKET, StepSender
+from serving.steps import StepLedger, external_id
+
+
+@pytest.fixture
+def ledger():
+    seen: list[StepRecord] = []
+    led = StepLedger([seen.append])
+    led.seen = seen
+    yield led
+    led.close()
+
+
+def _step(sender: StepSender, start: float, forward: float, sampling: float, ids: dict) -> None:
+    out = SimpleNamespace(num_scheduled_tokens=ids, total_num_scheduled_tokens=sum(ids.values()))
+    sender.forward_done(start, start + forward, out)
+    sender.sampling_done(start + forward, start + forward + sampling)
+
+
+def test_internal_ids_map_back_to_engine_ids():
+    assert external_id("cmpl-abc-0-1a2b3c4d") == "cmpl-abc-0"
+
+
+def test_steps_are_credited_to_tracked_requests(ledger):
+    tally = ledger.track("cmpl-abc-0", owner="abc")
+    sender = StepSender(ledger.path)
+    _step(sender, 1.0, 0.010, 0.002, {"cmpl-abc-0-1a2b3c4d": 7, "other-9f9f9f9f": 1})
+    _step(sender, 1.1, 0.005, 0.001, {"cmpl-abc-0-1a2b3c4d": 1})
+    assert ledger.drain() == 2
+    assert (tally.steps, tally.sampling_s) == (2, pytest.approx(0.003))
+    ledger.untrack("cmpl-abc-0")
+    ledger._publish()
+    assert [s.request_ids for s in ledger.seen] == [("abc", "other"), ("abc",)]
+    assert ledger.seen[0].scheduled_tokens == 8 and ledger.seen[0].index == 1
+
+
+def test_a_step_without_sampling_still_counts(ledger):
+    sender = StepSender(ledger.path)
+    out = SimpleNamespace(num_scheduled_tokens={"x-00000000": 3}, total_num_scheduled_tokens=3)
+    sender.forward_done(2.0, 2.5, out)
+    sender.send(0.0)
+    ledger.drain()
+    ledger._publish()
+    assert ledger.seen[0].sampling_s == 0.0 and ledger.seen[0].forward_s == 0.5
+
+
+def test_sending_to_no_server_drops_and_counts(tmp_path):
+    sender = StepSender(str(tmp_path / "nobody.sock"))
+    _step(sender, 0.0, 0.1, 0.1, {"a-00000000": 1})
+    assert sender.dropped == 1
+
+
+def test_start_exports_the_socket_and_close_removes_it():
+    led = StepLedger().start()
+    import os
+
+    assert os.environ[ENV_STEP_SOCKET] == led.path
+    led.close()
+    assert ENV_STEP_SOCKET not in os.environ and not os.path.exists(led.path)
+
+
+def test_engine_second_takes_and_resets():
+    second = EngineSecond()
+    second.on_scheduler(running=4, waiting=2, kv_cache_usage=0.5)
+    second.on_iteration(prompt_tokens=100, generation_tokens=4, preemptions=1, finished=2)
+    second.on_step(StepRecord(1, 0.0, 0.008, 0.002, 10, ("a", "b", "c", "d")))
+    second.on_step(StepRecord(2, 0.1, 0.004, 0.002, 2, ("a", "b")))
+    snap = second.take(now=5.0)
+    assert (snap.running, snap.waiting, snap.kv_cache_usage) == (4, 2, 0.5)
+    assert (snap.prompt_tokens, snap.generation_tokens, snap.preemptions, snap.finished) == \
+        (100, 4, 1, 2)
+    assert (snap.steps, snap.mean_batch_size, snap.max_batch_size) == (2, 3.0, 4)
+    assert snap.mean_step_s == pytest.approx(0.008) and snap.mean_sampling_s == 0.002
+    empty = second.take(now=6.0)
+    assert (empty.steps, empty.generation_tokens, empty.running) == (0, 0, 4)
+    assert empty.mean_step_s is None
