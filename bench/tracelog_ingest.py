@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import duckdb  # noqa: E402
 
 from observe import tracelog  # noqa: E402
-from observe.schema import REQUESTS  # noqa: E402
+from observe.schema import REQUESTS, arrow_table  # noqa: E402
 from observe.tracelog import TraceLog  # noqa: E402
 
 START = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -90,7 +90,7 @@ def measure_add_and_flush(workdir: Path, rows: int, pool: list[dict]) -> dict:
     timings.sort()
     columns = {name: list(values) for name, values in log._buffers["requests"].columns.items()}
     started = time.perf_counter()
-    tracelog._arrow_table(REQUESTS, columns, rows)
+    arrow_table(REQUESTS, columns, rows, tracelog.CONVERT_CHUNK_ROWS)
     convert_s = time.perf_counter() - started
     started = time.perf_counter()
     log.flush()
@@ -154,7 +154,7 @@ def measure_loop_lag(workdir: Path, rate: int, duration_s: float, pool: list[dic
 def compare_insert_paths(workdir: Path, pool: list[dict], batch: int = 50_000) -> list[tuple]:
     """register + INSERT ... SELECT vs relation.insert_into, alternated 3 times."""
     columns = {n: [pool[i % POOL_SIZE].get(n) for i in range(batch)] for n in REQUESTS.column_names}
-    table = tracelog._arrow_table(REQUESTS, columns, batch)
+    table = arrow_table(REQUESTS, columns, batch)
     names = ", ".join(REQUESTS.column_names)
     results = []
     for attempt in range(3):

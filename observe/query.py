@@ -119,6 +119,7 @@ def query_file(path: str | Path, sql: str, params: Any = None, max_rows: int = 1
                              "query through it with --url") from None
         raise QueryError(f"cannot open {path}: {exc}") from None
     try:
+        conn.execute("SET TimeZone = 'UTC'")  # as the server's own query sessions
         return execute_read_only(conn, sql, params, max_rows, timeout_s)
     finally:
         conn.close()

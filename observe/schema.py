@@ -5,15 +5,23 @@ order the writer buffers in and the Arrow schema it flushes with are all derived
 from that list, so they cannot drift apart. Columns are only ever added, never
 renamed or retyped: `create_schema` adds what an older file lacks, so a newer
 tailguard opens an older trace log in place.
+
+`arrow_table` turns the writer's column lists into that Arrow schema: timestamps may
+be aware datetimes or epoch seconds, JSON may be a dict or text, and a value of the
+wrong type becomes NULL in its cell instead of costing the whole batch.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass, field
-from typing import Final
+from datetime import datetime, timezone
+from typing import Any, Final
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 # Arrow types the writer builds each column with. JSON travels as text and is cast
 # by DuckDB on insert; timestamps are microseconds, DuckDB's TIMESTAMPTZ resolution.
@@ -27,6 +35,9 @@ ARROW_TYPES: Final[dict[str, pa.DataType]] = {
     "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
     "VARCHAR[]": pa.list_(pa.string()),
 }
+_TIMESTAMP: Final = ARROW_TYPES["TIMESTAMPTZ"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +121,75 @@ def create_schema(conn: duckdb.DuckDBPyConnection) -> list[str]:
                 conn.execute(f"ALTER TABLE {spec.name} ADD COLUMN IF NOT EXISTS {name} {sql_type}")
                 added.append(f"{spec.name}.{name}")
     return added
+
+
+# --- Python values -> Arrow --------------------------------------------------------
+
+def arrow_table(spec: TableSpec, columns: dict[str, list], rows: int,
+                chunk_rows: int = 8192) -> pa.Table:
+    """Build a table's Arrow batch from column lists, `chunk_rows` rows per conversion."""
+    schema = spec.arrow_schema
+    batches = []
+    for start in range(0, rows, chunk_rows):
+        stop = start + chunk_rows
+        arrays = [_column_array(columns[name][start:stop], sql_type, field.type)
+                  for (name, sql_type), field in zip(spec.columns, schema)]
+        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def _column_array(values: list, sql_type: str, arrow_type: pa.DataType) -> pa.Array:
+    if sql_type == "TIMESTAMPTZ":
+        return _timestamp_array(values)
+    if sql_type == "JSON":  # serialized here, off the event loop
+        values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str)
+                  for v in values]
+    return _safe_array(values, arrow_type)
+
+
+def _timestamp_array(values: list) -> pa.Array:
+    """Timestamps arrive as aware datetimes or epoch seconds; convert each column once."""
+    # Checked up front: pyarrow would read a number among datetimes as microseconds.
+    kinds = set(map(type, values)) - {type(None)}
+    try:
+        if kinds <= {float, int}:  # vectorised: seconds -> whole microseconds
+            micros = pc.round(pc.multiply(pa.array(values, pa.float64()), 1e6))
+            return micros.cast(pa.int64()).cast(_TIMESTAMP)
+        if kinds <= {datetime}:
+            return pa.array(values, _TIMESTAMP)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    return _safe_array([_epoch_to_datetime(v) for v in values], _TIMESTAMP)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _epoch_to_datetime(value: Any) -> Any:
+    if not _is_number(value):
+        return value
+    try:
+        return datetime.fromtimestamp(value, timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def _safe_array(values: list, arrow_type: pa.DataType) -> pa.Array:
+    """Convert a column; if a value has the wrong type, keep the row and null that cell."""
+    try:
+        return pa.array(values, arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    kept = [v if _converts(v, arrow_type) else None for v in values]
+    bad = sum(1 for v, k in zip(values, kept) if v is not None and k is None)
+    log.warning("trace log: stored NULL for %d value(s) that are not %s", bad, arrow_type)
+    return pa.array(kept, arrow_type)
+
+
+def _converts(value: Any, arrow_type: pa.DataType) -> bool:
+    try:
+        pa.array([value], arrow_type)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError):
+        return False

@@ -9,22 +9,18 @@ that cannot be written are counted as dropped and the server keeps serving.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Final
 
 import duckdb
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from observe.query import QueryError, QueryResult, execute_read_only
-from observe.schema import TABLES, TableSpec, create_schema
+from observe.schema import TABLES, TableSpec, arrow_table, create_schema
 
 FLUSH_INTERVAL_ENV: Final = "TAILGUARD_TRACE_FLUSH_S"
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
@@ -32,7 +28,6 @@ DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 # so this bounds how long it can stall the event loop (~2 ms for timestamps).
 CONVERT_CHUNK_ROWS: Final = 8192
 _BATCH_VIEW: Final = "__tailguard_batch"
-_TIMESTAMP: Final = pa.timestamp("us", tz="UTC")
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +136,7 @@ class TraceLog:
 
     def _write(self, spec: TableSpec, columns: dict[str, list], rows: int) -> None:
         try:
-            batch = _arrow_table(spec, columns, rows)
+            batch = arrow_table(spec, columns, rows, CONVERT_CHUNK_ROWS)
             self._conn.register(_BATCH_VIEW, batch)
             try:
                 self._conn.execute(self._insert_sql[spec.name])
@@ -216,8 +211,8 @@ class TraceLog:
 def _open_writer(path: str) -> duckdb.DuckDBPyConnection:
     conn = duckdb.connect(path)
     create_schema(conn)
-    # Session time zone first: it needs ICU, which cannot load once access is off.
-    conn.execute("SET TimeZone = 'UTC'")
+    # Every query session computes dates in UTC, whatever the server's local zone.
+    conn.execute("SET GLOBAL TimeZone = 'UTC'")
     conn.execute("SET enable_external_access = false")  # SQL cannot read files or URLs
     conn.execute("SET lock_configuration = true")  # ... nor switch it back on
     return conn
@@ -231,71 +226,3 @@ def _insert_sql(spec: TableSpec) -> str:
               if c in json_columns else c for c in spec.column_names]
     return (f"INSERT INTO {spec.name} ({', '.join(spec.column_names)}) "
             f"SELECT {', '.join(select)} FROM {_BATCH_VIEW}")
-
-
-def _arrow_table(spec: TableSpec, columns: dict[str, list], rows: int) -> pa.Table:
-    schema = spec.arrow_schema
-    batches = []
-    for start in range(0, rows, CONVERT_CHUNK_ROWS):
-        stop = start + CONVERT_CHUNK_ROWS
-        arrays = [_column_array(columns[name][start:stop], sql_type, field.type)
-                  for (name, sql_type), field in zip(spec.columns, schema)]
-        batches.append(pa.RecordBatch.from_arrays(arrays, schema=schema))
-    return pa.Table.from_batches(batches, schema=schema)
-
-
-def _column_array(values: list, sql_type: str, arrow_type: pa.DataType) -> pa.Array:
-    if sql_type == "TIMESTAMPTZ":
-        return _timestamp_array(values)
-    if sql_type == "JSON":  # serialized here, off the event loop
-        values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str)
-                  for v in values]
-    return _safe_array(values, arrow_type)
-
-
-def _timestamp_array(values: list) -> pa.Array:
-    """Timestamps arrive as aware datetimes or epoch seconds; convert each column once."""
-    # Checked up front: pyarrow would read a number among datetimes as microseconds.
-    kinds = set(map(type, values)) - {type(None)}
-    try:
-        if kinds <= {float, int}:  # vectorised: seconds -> whole microseconds
-            micros = pc.round(pc.multiply(pa.array(values, pa.float64()), 1e6))
-            return micros.cast(pa.int64()).cast(_TIMESTAMP)
-        if kinds <= {datetime}:
-            return pa.array(values, _TIMESTAMP)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        pass
-    return _safe_array([_epoch_to_datetime(v) for v in values], _TIMESTAMP)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _epoch_to_datetime(value: Any) -> Any:
-    if not _is_number(value):
-        return value
-    try:
-        return datetime.fromtimestamp(value, timezone.utc)
-    except (ValueError, OverflowError, OSError):
-        return None
-
-
-def _safe_array(values: list, arrow_type: pa.DataType) -> pa.Array:
-    """Convert a column; if a value has the wrong type, keep the row and null that cell."""
-    try:
-        return pa.array(values, arrow_type)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-        pass
-    kept = [v if _converts(v, arrow_type) else None for v in values]
-    bad = sum(1 for v, k in zip(values, kept) if v is not None and k is None)
-    log.warning("trace log: stored NULL for %d value(s) that are not %s", bad, arrow_type)
-    return pa.array(kept, arrow_type)
-
-
-def _converts(value: Any, arrow_type: pa.DataType) -> bool:
-    try:
-        pa.array([value], arrow_type)
-        return True
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, ValueError):
-        return False

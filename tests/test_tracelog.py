@@ -227,6 +227,16 @@ def test_query_returns_columns_rows_and_types(filled_log):
     assert filled_log.query("DESCRIBE requests").rows[0][:2] == ("request_id", "VARCHAR")
 
 
+def test_queries_compute_dates_in_utc_on_the_server_and_on_a_file(db_path):
+    sql = "SELECT current_setting('TimeZone'), date_trunc('day', arrival_ts) FROM requests"
+    expected = [("UTC", datetime(2025, 3, 4, tzinfo=UTC))]
+    with TraceLog(db_path) as log:  # 02:00 UTC is still March 3rd west of Greenwich
+        log.add("requests", {"arrival_ts": datetime(2025, 3, 4, 2, 0, tzinfo=UTC)})
+        log.flush()
+        assert log.query(sql).rows == expected
+    assert query_file(db_path, sql).rows == expected
+
+
 def test_query_truncates_to_max_rows_and_says_so(filled_log):
     assert filled_log.query("SELECT * FROM range(25)", max_rows=10).truncated is True
     assert len(filled_log.query("SELECT * FROM range(25)", max_rows=10).rows) == 10
