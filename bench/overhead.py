@@ -78,11 +78,6 @@ def percentile(values: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def summarize(wall_s: float, ttfts: list[float], tokens: int) -> dict:
-    return {"wall_s": wall_s, "tokens": tokens, "tok_s": tokens / wall_s,
-            "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99)}
-
-
 async def run_bare(engine, prompts, params) -> dict:
     """N concurrent bare `AsyncLLM.generate()` calls."""
     t0 = time.monotonic()
@@ -97,8 +92,8 @@ async def run_bare(engine, prompts, params) -> dict:
         return first - t0, n
 
     results = await asyncio.gather(*(one(p) for p in prompts))
-    wall = time.monotonic() - t0
-    return summarize(wall, [r[0] for r in results], sum(r[1] for r in results))
+    return {"wall_s": time.monotonic() - t0, "ttfts": [r[0] for r in results],
+            "tokens": sum(r[1] for r in results)}
 
 
 async def run_observed(runtime, prompts, params) -> dict:
@@ -108,26 +103,49 @@ async def run_observed(runtime, prompts, params) -> dict:
 
     observer, engine = runtime.observer, runtime.handle.engine
     model_name = runtime.config.model_name
+    clock = time.perf_counter
     t0 = time.monotonic()
 
-    async def one(prompt) -> tuple[float, int, str, bool]:
+    async def one(prompt) -> tuple:
+        c = clock()
         rec, span = observer.begin("text_completion", {})
         current_request.set(rec)  # each gather() task has its own context copy
         rec.model = model_name
+        begin_s = clock() - c
         first, n = None, 0
         async for out in engine.generate({"prompt_token_ids": prompt}, params,
                                          f"cmpl-{rec.request_id}-0"):
             n = len(out.outputs[0].token_ids)
             if n and first is None:
                 first = time.monotonic()
+        c = clock()
         observer.finish(rec, span)
-        return first - t0, n, rec.status, rec.tally.steps > 0
+        finish_s = clock() - c
+        return first - t0, n, rec.status != "ok", rec.tally.steps > 0, begin_s, finish_s
 
     results = await asyncio.gather(*(one(p) for p in prompts))
-    wall = time.monotonic() - t0
-    out = summarize(wall, [r[0] for r in results], sum(r[1] for r in results))
-    out["not_ok"] = sum(r[2] != "ok" for r in results)
-    out["probe_credited"] = sum(r[3] for r in results)
+    return {"wall_s": time.monotonic() - t0, "ttfts": [r[0] for r in results],
+            "tokens": sum(r[1] for r in results), "not_ok": sum(r[2] for r in results),
+            "probe_credited": sum(r[3] for r in results),
+            "begin_s": sum(r[4] for r in results), "finish_s": sum(r[5] for r in results)}
+
+
+async def run_side(args, run, make, batches: int, settle_s: float) -> dict:
+    """`batches` back-to-back batches of one side -> tokens/s over their summed wall
+    time and TTFT percentiles over all their requests."""
+    parts = []
+    for _ in range(batches):
+        parts.append(await run(make()))
+    await asyncio.sleep(settle_s)
+    wall = sum(p["wall_s"] for p in parts)
+    ttfts = [t for p in parts for t in p["ttfts"]]
+    tokens = sum(p["tokens"] for p in parts)
+    out = {"wall_s": wall, "tokens": tokens, "tok_s": tokens / wall,
+           "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
+           "requests": len(ttfts)}
+    for key in ("not_ok", "probe_credited", "begin_s", "finish_s"):
+        if key in parts[0]:
+            out[key] = sum(p[key] for p in parts)
     return out
 
 
@@ -154,20 +172,22 @@ async def worker_observation(args, out_path: Path) -> None:
         t = time.monotonic()
         await runtime.start()
         log(f"runtime up in {time.monotonic() - t:.1f}s; trace log {db}")
-        rounds, run_index = [], 0
+        rounds, counter = [], iter(range(10**9))
+
+        def next_prompts():
+            return make_prompts(args, next(counter), vocab)
+
         try:
             for r in range(args.rounds + 1):  # round 0 is the warm-up
                 order = ("bare", "observed") if r % 2 else ("observed", "bare")
                 result = {"round": r, "order": order}
                 for side in order:
-                    prompts = make_prompts(args, run_index, vocab)
-                    run_index += 1
                     if side == "bare":
-                        result[side] = await run_bare(runtime.handle.engine._engine,
-                                                      prompts, params)
+                        run = lambda p: run_bare(runtime.handle.engine._engine, p, params)  # noqa: E731
                     else:
-                        result[side] = await run_observed(runtime, prompts, params)
-                    await asyncio.sleep(SETTLE_S)
+                        run = lambda p: run_observed(runtime, p, params)  # noqa: E731
+                    result[side] = await run_side(args, run, next_prompts, args.batches,
+                                                  SETTLE_S)
                 result["ratio"] = result["observed"]["tok_s"] / result["bare"]["tok_s"]
                 log(f"round {r}{' (warm-up)' if r == 0 else ''}: "
                     f"bare {result['bare']['tok_s']:.0f} tok/s, "
@@ -201,11 +221,12 @@ async def worker_probe(args, out_path: Path, probe_on: bool) -> None:
                           [stat_logger_factory(EngineSecond())])
     await engine.get_supported_tasks()
     log(f"engine (probe {'on' if probe_on else 'off'}) up in {time.monotonic() - t:.1f}s")
-    runs = []
+    runs, counter = [], iter(range(10**9))
     try:
-        for i in range(args.probe_reps + 1):  # run 0 is the warm-up
-            runs.append(await run_bare(engine, make_prompts(args, i, vocab), params))
-            await asyncio.sleep(0.3)
+        for _ in range(args.probe_reps + 1):  # run 0 is the warm-up
+            runs.append(await run_side(
+                args, lambda p: run_bare(engine, p, params),
+                lambda: make_prompts(args, next(counter), vocab), args.batches, 0.3))
     finally:
         engine.shutdown()
         steps = 0
@@ -327,10 +348,13 @@ def report(args, command: str, obs: dict, pairs: list[dict], elapsed: float) -> 
     obs_rounds = [r["observed"] for r in rounds]
     print(f"checks: observed requests not ok = {sum(r['not_ok'] for r in obs_rounds)}, "
           f"requests credited by the probe = {sum(r['probe_credited'] for r in obs_rounds)}/"
-          f"{len(obs_rounds) * args.concurrency}, trace-log requests rows = "
+          f"{sum(r['requests'] for r in obs_rounds)}, trace-log requests rows = "
           f"{obs['tracelog']['rows_written'].get('requests')} (incl. warm-up), rows dropped = {obs['tracelog'].get('rows_dropped')}, "
           f"probe steps received: on {[p[True]['steps_seen'] for p in pairs]}, "
           f"off {[p[False]['steps_seen'] for p in pairs]}")
+    n_req = sum(r["requests"] for r in obs_rounds)
+    print(f"event-loop time in the observer per request: begin {1e6 * sum(r['begin_s'] for r in obs_rounds) / n_req:.0f} us, "
+          f"finish {1e6 * sum(r['finish_s'] for r in obs_rounds) / n_req:.0f} us")
     print(f"elapsed {elapsed:.0f} s")
     print()
     print(f"reproduce: {command}")
@@ -343,12 +367,14 @@ def parse_args(argv=None):
                     help="measured rounds of the observation comparison (default 6)")
     ap.add_argument("--concurrency", type=int, default=32, help="concurrent requests (32)")
     ap.add_argument("--max-tokens", type=int, default=64, help="output tokens each (64)")
+    ap.add_argument("--batches", type=int, default=3,
+                    help="back-to-back batches per side per round/run (3)")
     ap.add_argument("--prompt-min", type=int, default=50, help="shortest prompt, tokens (50)")
     ap.add_argument("--prompt-max", type=int, default=600, help="longest prompt, tokens (600)")
-    ap.add_argument("--probe-pairs", type=int, default=3,
-                    help="probe off/on engine pairs (3)")
-    ap.add_argument("--probe-reps", type=int, default=3,
-                    help="measured runs per probe engine (3)")
+    ap.add_argument("--probe-pairs", type=int, default=4,
+                    help="probe off/on engine pairs (4)")
+    ap.add_argument("--probe-reps", type=int, default=2,
+                    help="measured runs per probe engine (2)")
     ap.add_argument("--seed", type=int, default=20250101)
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 2 rounds, 8 x 16 tokens, 1 probe pair of 1 run")
@@ -359,7 +385,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.concurrency, args.max_tokens = 2, 8, 16
-        args.probe_pairs, args.probe_reps = 1, 1
+        args.probe_pairs, args.probe_reps, args.batches = 1, 1, 1
     if args.rounds < 1 or args.concurrency < 1 or args.max_tokens < 1:
         ap.error("--rounds, --concurrency and --max-tokens must be >= 1")
     if not 1 <= args.prompt_min <= args.prompt_max:
@@ -368,7 +394,7 @@ def parse_args(argv=None):
         ap.error("prompt + output must fit the embedded model's 4096-token context")
     # what the workers need, already resolved (so --quick applies there too)
     args.passthrough = ["--rounds", str(args.rounds), "--concurrency", str(args.concurrency),
-                        "--max-tokens", str(args.max_tokens),
+                        "--max-tokens", str(args.max_tokens), "--batches", str(args.batches),
                         "--prompt-min", str(args.prompt_min),
                         "--prompt-max", str(args.prompt_max),
                         "--probe-reps", str(args.probe_reps), "--seed", str(args.seed)]

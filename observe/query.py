@@ -67,7 +67,8 @@ def check_read_only(sql: str) -> str:
         raise QueryError("only read-only SELECT queries are allowed")
     modifying = {m for m in _MODIFYING_NODE.findall(ast) if m != "SELECT"}
     if modifying:
-        raise QueryError(f"data-modifying statements are not allowed ({', '.join(sorted(modifying))})")
+        names = ", ".join(sorted(modifying))
+        raise QueryError(f"data-modifying statements are not allowed ({names})")
     return statements[0].query
 
 

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import duckdb
+import pyarrow as pa
 
 from observe.query import QueryError, QueryResult, execute_read_only
-from observe.schema import TABLES, TableSpec, arrow_table, create_schema
+from observe.schema import TABLES, TableSpec, arrow_batches, create_schema
 
 FLUSH_INTERVAL_ENV: Final = "TAILGUARD_TRACE_FLUSH_S"
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
@@ -136,8 +137,11 @@ class TraceLog:
 
     def _write(self, spec: TableSpec, columns: dict[str, list], rows: int) -> None:
         try:
-            batch = arrow_table(spec, columns, rows, CONVERT_CHUNK_ROWS)
-            self._conn.register(_BATCH_VIEW, batch)
+            # A stream rather than a table: DuckDB inserts one chunk while the next is
+            # converted, and the whole batch is never in memory twice.
+            batches = arrow_batches(spec, columns, rows, CONVERT_CHUNK_ROWS)
+            stream = pa.RecordBatchReader.from_batches(spec.arrow_schema, batches)
+            self._conn.register(_BATCH_VIEW, stream)
             try:
                 self._conn.execute(self._insert_sql[spec.name])
             finally:

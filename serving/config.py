@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slo.spec import SLOSpec, load_spec
+
 ENV_DB = "TAILGUARD_DB"
 ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"
 ENV_FLUSH_S = "TAILGUARD_TRACE_FLUSH_S"
@@ -42,9 +44,12 @@ class ServerConfig:
     flush_interval_s: float | None = None
     max_body_bytes: int | None = None
     max_n: int | None = None
+    slo_file: str | None = None
     vllm_args: list[str] = field(default_factory=list)
+    spec: SLOSpec = field(init=False)
 
     def __post_init__(self) -> None:
+        self.spec = load_spec(self.slo_file)  # SpecError (a ValueError) names field + line
         self.db = self.db or _env(ENV_DB, DEFAULT_DB)
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)

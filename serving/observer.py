@@ -11,19 +11,18 @@ from collections.abc import Mapping
 from observe.metrics import RequestMetrics
 from observe.stats import RequestRecord, WallClock
 from observe.tracing import RequestSpans
-from slo.targets import DEFAULT_TTFT_TARGET, ContextTarget
-
-TTFT_SLO = "ttft"
+from slo.spec import SLOSpec, load_spec
+from slo.verdicts import Judge
 
 
 class Observer:
     def __init__(self, tracelog, spans: RequestSpans, metrics: RequestMetrics,
-                 clock: WallClock, ttft_target: ContextTarget = DEFAULT_TTFT_TARGET):
+                 clock: WallClock, spec: SLOSpec | None = None):
         self.tracelog = tracelog
         self.spans = spans
         self.metrics = metrics
         self.clock = clock
-        self.ttft_target = ttft_target
+        self.judge = Judge(spec or load_spec())
 
     def begin(self, endpoint: str, headers: Mapping[str, str]):
         """A record and an open `llm.request` span, stamped now."""
@@ -40,18 +39,12 @@ class Observer:
         self.tracelog.add("requests", rec.row(self.clock))
 
     def _judge(self, rec: RequestRecord) -> None:
-        """The TTFT verdict against the context-aware target; a failed request is a
-        bad event, a rejected or abandoned one is no event."""
-        rec.slo_ttft_target_s = self.ttft_target(rec.prompt_tokens)
-        if rec.status == "ok" and rec.ttft_s is not None:
-            rec.slo_ok = rec.ttft_s <= rec.slo_ttft_target_s
-        elif rec.status == "error":
-            rec.slo_ok = False
-        else:
-            return
-        result = "good" if rec.slo_ok else "bad"
-        self.metrics.slo_requests.add(1, {"slo": TTFT_SLO, "context_bucket": rec.context_bucket,
-                                          "result": result})
+        """Each SLO's verdict, counted per context bucket: what makes context-aware
+        SLOs expressible in PromQL."""
+        bucket = rec.context_bucket
+        for name, good in self.judge.judge(rec):
+            self.metrics.slo_requests.add(1, {"slo": name, "context_bucket": bucket,
+                                              "result": "good" if good else "bad"})
 
 
 def _request_id(headers: Mapping[str, str]) -> str:

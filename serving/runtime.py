@@ -45,7 +45,7 @@ class Runtime:
         self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"))
         self.tracer_provider = create_tracer_provider(lambda row: self.tracelog.add("spans", row))
         self.spans = RequestSpans(self.tracer_provider, self.clock)
-        self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock)
+        self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec)
         self.second = EngineSecond()
         self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step])
         self.admin_token, self.admin_token_source = resolve_admin_token(

@@ -1,9 +1,15 @@
-"""Context-aware latency targets (seed 003, with SPEC §3's clamp).
+"""Latency targets as a function of context length, in Python and in SQL.
 
-target(ctx) = base(ctx) * (1 + max(0, log2(ctx / breakpoint)))
-with base = 200 ms up to the breakpoint (1024 tokens) and 500 ms above it. The seed's
-unclamped log term goes negative below 512 tokens; clamping keeps every target
-positive and the function monotone in the context length.
+Three shapes, all positive and monotone in the context length:
+- `ContextTarget` (seed 003, with SPEC §3's clamp):
+  target(ctx) = base(ctx) * (1 + max(0, log2(ctx / breakpoint))), base = 200 ms up to
+  the breakpoint (1024 tokens) and 500 ms above it. The seed's unclamped log term goes
+  negative below 512 tokens; clamping keeps every target positive.
+- `FixedTarget`: one threshold for every length.
+- `TableTarget`: a step per context range, e.g. seed 003's first-token health check
+  (p99 at 4k < 300 ms, at 32k < 800 ms).
+Each also renders itself as a SQL expression over a prompt-length column, so budgets
+computed in DuckDB judge requests exactly as the server did.
 """
 
 from __future__ import annotations
@@ -31,5 +37,57 @@ class ContextTarget:
         growth = max(0.0, math.log2(max(ctx, 1) / self.breakpoint_tokens))
         return base * (1.0 + growth)
 
+    def sql(self, ctx: str) -> str:
+        bp = self.breakpoint_tokens
+        return (f"(CASE WHEN {ctx} <= {bp} THEN {self.short_base_s!r} ELSE {self.long_base_s!r} END"
+                f" * (1 + greatest(0, log2(greatest({ctx}, 1) / {bp}))))")
+
+
+@dataclass(frozen=True, slots=True)
+class FixedTarget:
+    seconds: float
+
+    def __post_init__(self) -> None:
+        if not self.seconds > 0:
+            raise ValueError("seconds must be > 0")
+
+    def __call__(self, context_tokens: int) -> float:
+        return self.seconds
+
+    def sql(self, ctx: str) -> str:
+        return repr(float(self.seconds))
+
+
+@dataclass(frozen=True, slots=True)
+class TableTarget:
+    """Steps `(max_tokens, seconds)`, ascending; the last step covers everything
+    longer (its max_tokens may be None)."""
+
+    steps: tuple[tuple[int | None, float], ...]
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError("steps must not be empty")
+        bounds = [b for b, _ in self.steps[:-1]]
+        if any(b is None for b in bounds) or bounds != sorted(set(bounds)):
+            raise ValueError("max_tokens must increase and only the last may be open")
+        seconds = [s for _, s in self.steps]
+        if any(s <= 0 for s in seconds) or seconds != sorted(seconds):
+            raise ValueError("seconds must be positive and not decrease with context")
+
+    def __call__(self, context_tokens: int) -> float:
+        for bound, seconds in self.steps:
+            if bound is None or context_tokens <= bound:
+                return seconds
+        return self.steps[-1][1]
+
+    def sql(self, ctx: str) -> str:
+        cases = " ".join(f"WHEN {ctx} <= {b} THEN {s!r}" for b, s in self.steps if b is not None)
+        return f"(CASE {cases} ELSE {self.steps[-1][1]!r} END)"
+
+
+Target = ContextTarget | FixedTarget | TableTarget
 
 DEFAULT_TTFT_TARGET = ContextTarget()
+# Seed 003's first-token health check, as a table.
+FIRST_TOKEN_HEALTH = TableTarget(((4096, 0.3), (None, 0.8)))

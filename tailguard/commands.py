@@ -37,9 +37,11 @@ def model_init(directory):
 @click.option("--admin-token-file", type=click.Path(dir_okay=False),
               help="Admin token file (default: $TAILGUARD_ADMIN_TOKEN, else generated).")
 @click.option("--flush-interval", type=click.FloatRange(0.01, 60), help="Trace flush period, s.")
+@click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
+              help="SLO spec YAML (default: the one shipped with tailguard).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
-          vllm_args):
+          slo_file, vllm_args):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -54,7 +56,7 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
         config = ServerConfig(
             model=model_path, served_model_name=served_model_name,
             host=host, port=port, db=db, admin_token_file=admin_token_file,
-            flush_interval_s=flush_interval, vllm_args=list(vllm_args))
+            flush_interval_s=flush_interval, slo_file=slo_file, vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.server import run

@@ -14,7 +14,7 @@ import duckdb
 import pytest
 
 from observe.query import QueryError, QueryResult, check_read_only, format_result, query_file
-from observe.schema import REQUESTS, SPANS, TABLES, create_schema
+from observe.schema import REQUESTS, TABLES, create_schema
 from observe.tracelog import FLUSH_INTERVAL_ENV, TraceLog, TraceLogConfig
 
 UTC = timezone.utc
@@ -59,7 +59,8 @@ def wait_until(condition, timeout_s: float) -> float:
 def test_each_table_is_created_with_the_declared_columns_in_order(db_path):
     TraceLog(db_path).close()
     for spec in TABLES.values():
-        described = read_all(db_path, f"SELECT column_name, column_type FROM (DESCRIBE {spec.name})")
+        described = read_all(db_path,
+                             f"SELECT column_name, column_type FROM (DESCRIBE {spec.name})")
         assert described == [(n, DESCRIBED.get(t, t)) for n, t in spec.columns]
         assert spec.arrow_schema.names == list(spec.column_names)
 
@@ -225,6 +226,7 @@ def test_query_returns_columns_rows_and_types(filled_log):
     assert result == QueryResult(["request_id", "e2e_s"], [("r1", 0.25), ("r2", 0.5)],
                                  truncated=False, types=["VARCHAR", "DOUBLE"])
     assert filled_log.query("DESCRIBE requests").rows[0][:2] == ("request_id", "VARCHAR")
+    assert check_read_only("  SELECT 1 AS one ;").strip(" ;") == "SELECT 1 AS one"
 
 
 def test_queries_compute_dates_in_utc_on_the_server_and_on_a_file(db_path):
@@ -259,16 +261,12 @@ def test_query_truncates_to_max_rows_and_says_so(filled_log):
     ("WITH gone AS (DELETE FROM requests RETURNING *) SELECT * FROM gone",
      "data-modifying statements are not allowed \\(DELETE\\)"),
     ("SELEC 1", "cannot parse query"),
+    ("SELECT * FROM read_csv('/etc/passwd')", "file system operations are disabled"),
 ])
 def test_query_refuses_anything_but_one_read_only_select(filled_log, sql, reason):
     with pytest.raises(QueryError, match=reason):
         filled_log.query(sql)
     assert filled_log.query("SELECT count(*) FROM requests").rows == [(3,)]
-
-
-def test_query_cannot_read_files(filled_log):
-    with pytest.raises(QueryError, match="file system operations are disabled"):
-        filled_log.query("SELECT * FROM read_csv('/etc/passwd')")
 
 
 def test_a_slow_query_is_interrupted_and_the_writer_keeps_working(filled_log):
@@ -280,10 +278,6 @@ def test_a_slow_query_is_interrupted_and_the_writer_keeps_working(filled_log):
     filled_log.add("requests", {"request_id": "after"})
     filled_log.flush()
     assert filled_log.query("SELECT count(*) FROM requests").rows == [(4,)]
-
-
-def test_check_read_only_returns_the_statement():
-    assert check_read_only("  SELECT 1 AS one ;").strip(" ;") == "SELECT 1 AS one"
 
 
 def test_query_file_reads_a_file_no_server_holds(db_path):
@@ -324,7 +318,7 @@ TINY = QueryResult(
 )
 
 
-def test_format_table_aligns_columns_and_right_aligns_numbers():
+def test_format_result_renders_aligned_text_csv_and_json_with_iso_timestamps():
     assert format_result(TINY, "table") == (
         "request_id  arrival_ts                        e2e_s  slo_ok  actions   attributes\n"
         "----------  --------------------------------  -----  ------  --------  ----------\n"
@@ -332,22 +326,21 @@ def test_format_table_aligns_columns_and_right_aligns_numbers():
         "r22         NULL                               10.5  NULL    []        NULL\n"
         "(2 rows)\n"
     )
-
-
-def test_format_csv_writes_empty_cells_for_null():
     assert format_result(TINY, "csv") == (
         "request_id,arrival_ts,e2e_s,slo_ok,actions,attributes\n"
         'r1,2025-03-04T05:06:07.890123+00:00,1.25,true,"[""shed""]","{""k"": 1}"\n'
         "r22,,10.5,,[],\n"
     )
-
-
-def test_format_json_is_a_list_of_objects_with_iso_timestamps_and_nested_json():
     assert json.loads(format_result(TINY, "json")) == [
         {"request_id": "r1", "arrival_ts": "2025-03-04T05:06:07.890123+00:00", "e2e_s": 1.25,
          "slo_ok": True, "actions": ["shed"], "attributes": {"k": 1}},
         {"request_id": "r22", "arrival_ts": None, "e2e_s": 10.5, "slo_ok": None,
          "actions": [], "attributes": None},
     ]
+    one = QueryResult(["ts", "attrs"], [(ARRIVAL, '{"k": 1}')], types=["TIMESTAMP", "JSON"])
+    assert format_result(one, "json") == (
+        '[\n  {\n    "ts": "2025-03-04T05:06:07.890123+00:00",\n'
+        '    "attrs": {\n      "k": 1\n    }\n  }\n]\n'
+    )
     with pytest.raises(ValueError, match="fmt must be one of table, csv, json"):
         format_result(TINY, "xml")
