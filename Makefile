@@ -16,4 +16,5 @@ serve: $(VENV)/.installed
 	$(PY) -m tailguard serve --port $(PORT)
 
 test: $(VENV)/.installed
+	bash scripts/system-deps.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
