@@ -6,7 +6,7 @@ from that list, so they cannot drift apart. Columns are only ever added, never
 renamed or retyped: `create_schema` adds what an older file lacks, so a newer
 tailguard opens an older trace log in place.
 
-`arrow_table` turns the writer's column lists into that Arrow schema: timestamps may
+`arrow_batches` turns the writer's column lists into that Arrow schema: timestamps may
 be aware datetimes or epoch seconds, JSON may be a dict or text, and a value of the
 wrong type becomes NULL in its cell instead of costing the whole batch.
 """

@@ -124,7 +124,7 @@ class TraceLog:
         with self._flush_lock:
             started = time.perf_counter()
             wrote_any = False
-            for name, buffer in self._buffers.items():
+            for buffer in self._buffers.values():
                 with self._lock:
                     columns, rows = buffer.take()
                     self._pending -= rows

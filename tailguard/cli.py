@@ -10,6 +10,7 @@ import sys
 import click
 
 from tailguard import commands
+from tailguard.cmd_dashboards import dashboards
 
 
 class Group(click.Group):
@@ -38,3 +39,4 @@ def main():
 main.add_command(commands.model)
 main.add_command(commands.serve)
 main.add_command(commands.query)
+main.add_command(dashboards)

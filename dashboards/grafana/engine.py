@@ -1,0 +1,63 @@
+"""Engine: the running batch, the queue, KV-cache usage, batch sizes, request
+outcomes, errors and trace-log rows dropped, per server instance."""
+
+from __future__ import annotations
+
+from observe import registry as R
+
+from dashboards.grafana.layout import Board
+from dashboards.grafana.panels import buckets_over_time, graph, queries, steps, unit_of
+from dashboards.grafana.promql import bucket_counts, gauge, mean, quantile, rate, summed
+
+# Memory pressure above which the degradation policy lowers batch / precision (SPEC §3,
+# seed 002); drawn on the KV-cache and memory-forecast panels.
+MEMORY_PRESSURE_RATIO = 0.9
+INSTANCE = ("instance",)
+
+
+def build(_spec=None) -> dict:
+    board = Board("tailguard engine",
+                  "The vLLM engine behind each tailguard server: running batch, queue "
+                  "depth, KV-cache usage, batch sizes, request outcomes and errors.")
+    board.row("Scheduler")
+    board.add(_gauge(R.RUNNING, "Running requests"), width=8)
+    board.add(_gauge(R.WAITING, "Waiting requests (queue depth)"), width=8)
+    board.add(kv_cache_usage(), width=8)
+    board.row("Batching")
+    board.add(buckets_over_time("Batch size heatmap", R.BATCH_SIZE.description,
+                                unit_of(R.BATCH_SIZE), bucket_counts(R.BATCH_SIZE)))
+    board.add(_batch_sizes())
+    board.row("Requests and errors")
+    board.add(graph("Requests per second by status", R.REQUESTS.description, "reqps",
+                    queries((rate(R.REQUESTS, ("status",)), "{{status}}"))), width=8)
+    board.add(graph("Errors per second by type", R.ERRORS.description, "reqps",
+                    queries((rate(R.ERRORS, ("error_type", "http_status")),
+                             "{{error_type}} ({{http_status}})"))), width=8)
+    board.add(_dropped_rows(), width=8)
+    return board.to_json()
+
+
+def kv_cache_usage():
+    """KV-cache usage per instance, with the memory-pressure line."""
+    return graph("KV-cache usage", R.KV_CACHE_USAGE.description, "percentunit",
+                 queries((gauge(R.KV_CACHE_USAGE, INSTANCE), "{{instance}}")),
+                 steps((0, "green"), (MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)
+
+
+def _gauge(metric: R.MetricDef, title: str):
+    return graph(title, metric.description, unit_of(metric),
+                 queries((gauge(metric, INSTANCE), "{{instance}}")))
+
+
+def _batch_sizes():
+    pairs = [(mean(R.BATCH_SIZE, INSTANCE), "mean {{instance}}"),
+             (quantile(0.5, R.BATCH_SIZE, INSTANCE), "p50 {{instance}}"),
+             (quantile(0.95, R.BATCH_SIZE, INSTANCE), "p95 {{instance}}")]
+    return graph("Batch size per engine step", R.BATCH_SIZE.description,
+                 unit_of(R.BATCH_SIZE), queries(*pairs))
+
+
+def _dropped_rows():
+    expr = summed(R.TRACE_ROWS_DROPPED.prom_name, ("table",), fn="increase")
+    return graph("Trace-log rows dropped", R.TRACE_ROWS_DROPPED.description, "short",
+                 queries((expr, "{{table}}")), steps((0, "green"), (1, "red")))

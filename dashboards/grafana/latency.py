@@ -1,0 +1,66 @@
+"""Latency by context bucket: P50/P95/P99 of every latency histogram per
+`context_bucket`, heatmaps of TTFT and end-to-end latency, and the distribution of
+prompt lengths."""
+
+from __future__ import annotations
+
+from observe import registry as R
+
+from dashboards.grafana.layout import Board, choice_variable
+from dashboards.grafana.panels import (buckets_in_range, buckets_over_time, graph,
+                                       queries, unit_of)
+from dashboards.grafana.promql import (QUANTILES, bucket_counts, matchers,
+                                       percentile_legend, quantile, rate, summed)
+
+BUCKET = "context_bucket"
+SELECTED = matchers(**{BUCKET: "~$" + BUCKET})
+# Panel titles of the latency histograms, in the registry's order.
+TITLES = {
+    R.TTFT.prom_name: "Time to first token",
+    R.TPOT.prom_name: "Time per output token",
+    R.E2E.prom_name: "End-to-end latency",
+    R.QUEUE.prom_name: "Queue time",
+    R.PREFILL.prom_name: "Prefill time",
+    R.DECODE.prom_name: "Decode time",
+    R.SAMPLING.prom_name: "Sampling time",
+}
+HEATMAPS = (R.TTFT, R.E2E)
+
+
+def build(_spec=None) -> dict:
+    board = Board("tailguard latency by context bucket",
+                  "P50/P95/P99 of every request phase per context bucket (seed 003's "
+                  "0-1k / 1k-4k / 4k-32k / 32k+), latency heatmaps and prompt lengths.",
+                  (choice_variable(BUCKET, "Context bucket", R.CONTEXT_BUCKETS),))
+    board.row("Quantiles per context bucket")
+    for metric in R.LATENCY_METRICS:
+        board.add(_quantiles(metric))
+    board.row("Distributions")
+    for metric in HEATMAPS:
+        board.add(buckets_over_time(f"{TITLES[metric.prom_name]} heatmap",
+                                    metric.description, unit_of(metric),
+                                    bucket_counts(metric, SELECTED)))
+    _context_lengths(board)
+    return board.to_json()
+
+
+def _quantiles(metric: R.MetricDef):
+    pairs = [(quantile(q, metric, (BUCKET,), SELECTED),
+              f"{percentile_legend(q)} {{{{{BUCKET}}}}}") for q in QUANTILES]
+    return graph(f"{TITLES[metric.prom_name]} P50/P95/P99", metric.description,
+                 unit_of(metric), queries(*pairs))
+
+
+def _context_lengths(board: Board) -> None:
+    tokens = R.CONTEXT_TOKENS
+    board.add(buckets_over_time("Prompt length heatmap", tokens.description,
+                                unit_of(tokens), bucket_counts(tokens)))
+    in_range = summed(f"{tokens.prom_name}_bucket", ("le",), fn="increase",
+                      window="$__range")
+    board.add(buckets_in_range("Prompt length distribution (time range)",
+                               "Requests per prompt-length bucket over the dashboard's "
+                               "time range; each bar is labelled with its upper bound.",
+                               unit_of(tokens), in_range))
+    board.add(graph("Requests per second by context bucket", R.REQUESTS.description,
+                    "reqps", queries((rate(R.REQUESTS, (BUCKET,), SELECTED),
+                                      f"{{{{{BUCKET}}}}}"))), width=24)

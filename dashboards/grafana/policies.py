@@ -1,0 +1,41 @@
+"""Degradation policies: which policy is active when, and the memory forecast
+against the measured KV-cache usage and the memory-pressure line."""
+
+from __future__ import annotations
+
+from observe import registry as R
+
+from dashboards.grafana.engine import MEMORY_PRESSURE_RATIO
+from dashboards.grafana.layout import Board
+from dashboards.grafana.panels import graph, queries, single, states, steps
+from dashboards.grafana.promql import gauge
+
+POLICY = ("policy",)
+
+
+def build(_spec=None) -> dict:
+    board = Board("tailguard degradation policies",
+                  "Degradation policies over time and the KV-cache memory forecast that "
+                  "can trigger them.")
+    board.row("Policies")
+    active = gauge(R.POLICY_ACTIVE, POLICY)
+    board.add(single("Policies active now", "Policies active on at least one instance.",
+                     "short", queries((f"count({active} > 0) or vector(0)", "active")),
+                     steps((0, "green"), (1, "orange"))), width=6)
+    board.add(states("Active policies", f"{R.POLICY_ACTIVE.description} Each lane counts "
+                     "the instances where the policy is active.",
+                     queries((active, "{{policy}}")),
+                     steps((0, "green"), (1, "red"))), width=18)
+    board.row("Memory")
+    board.add(_forecast(), width=24, height=9)
+    return board.to_json()
+
+
+def _forecast():
+    pairs = [(gauge(R.MEMORY_FORECAST, ("horizon", "instance")),
+              "forecast {{horizon}} {{instance}}"),
+             (gauge(R.KV_CACHE_USAGE, ("instance",)), "measured {{instance}}")]
+    return graph("Memory forecast vs measured KV-cache usage",
+                 f"{R.MEMORY_FORECAST.description} The line is the memory-pressure "
+                 "threshold of the degradation policy.", "percentunit", queries(*pairs),
+                 steps((0, "green"), (MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)

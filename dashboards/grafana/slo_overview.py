@@ -1,0 +1,102 @@
+"""SLO overview: for every SLO of the spec, its objective, attainment over the
+period, error budget left and burn rates over the alerting windows.
+
+The numbers come from the SLO recording rules (Sloth's names, see `sloth.py`); the
+per-context-bucket view of bad events reads `tailguard_slo_requests_total` itself.
+"""
+
+from __future__ import annotations
+
+from observe.registry import SLO_REQUESTS
+from slo.spec import SLO, SLOSpec
+from slo.windows import BURN_WINDOWS
+
+from dashboards.grafana import sloth
+from dashboards.grafana.layout import Board
+from dashboards.grafana.panels import graph, queries, single, steps
+from dashboards.grafana.promql import matchers, rate
+
+# The windows a burn rate is drawn over: the short page window, then every long one.
+BURN_RATE_WINDOWS = ("5m",) + tuple(w.long for w in BURN_WINDOWS)
+PERCENT_DECIMALS = 2  # 99.95% must not round to 100%
+BAD = "bad"  # the `result` of a bad event in tailguard_slo_requests_total (CONTRACT.md)
+
+
+def build(spec: SLOSpec) -> dict:
+    board = Board(f"{spec.service} SLO overview",
+                  "Objective, attainment, error budget and burn rates of every SLO in "
+                  "the spec, read from the SLO recording rules.")
+    _all_slos(board, spec.service)
+    for slo in spec.slos:
+        _one_slo(board, spec.service, slo)
+    return board.to_json()
+
+
+def _all_slos(board: Board, service: str) -> None:
+    board.row("All SLOs")
+    board.add(graph("Error budget remaining", "Share of each SLO's error budget left "
+                    "over its period (below 0: overspent).", "percentunit",
+                    queries((sloth.series(sloth.PERIOD_BUDGET_REMAINING, service),
+                             "{{sloth_slo}}")), steps((0, "red"), (0.25, "green"))))
+    board.add(graph("Burn rate now", "Each SLO's error-budget burn rate over the last "
+                    "5 minutes; 1 spends the budget exactly over the period.", "none",
+                    queries((sloth.series(sloth.CURRENT_BURN_RATE, service),
+                             "{{sloth_slo}}")), _burn_steps()))
+
+
+def _one_slo(board: Board, service: str, slo: SLO) -> None:
+    board.row(f"SLO {slo.name}: {slo.objective * 100:g}% of {slo.sli} events good over "
+              f"{slo.window}")
+    for panel in _stats(service, slo):
+        board.add(panel, width=4, height=6)
+    board.add(_burn_rates(service, slo), width=8, height=6)
+    board.add(graph("Error budget remaining", f"Share of the {slo.window} error budget "
+                    "left.", "percentunit", queries((sloth.series(
+                        sloth.PERIOD_BUDGET_REMAINING, service, slo.name), slo.name)),
+                    steps((0, "red"), (0.25, "green"))))
+    board.add(_bad_by_bucket(slo))
+
+
+def _stats(service: str, slo: SLO) -> list:
+    def one(name: str, legend: str) -> list:
+        return queries((sloth.series(name, service, slo.name), legend))
+
+    attainment = f"1 - {sloth.series(sloth.sli_error(slo.window), service, slo.name)}"
+    meeting = steps((0, "red"), (slo.objective, "green"))
+    return [
+        single("Objective", slo.description or f"The {slo.sli} objective.",
+               "percentunit", one(sloth.OBJECTIVE, "objective"),
+               steps((0, "blue"))).decimals(PERCENT_DECIMALS),
+        single(f"Attainment ({slo.window})", "Share of good events over the period.",
+               "percentunit", queries((attainment, "attainment")),
+               meeting).decimals(PERCENT_DECIMALS),
+        single("Error budget left", f"Share of the {slo.window} error budget left.",
+               "percentunit", one(sloth.PERIOD_BUDGET_REMAINING, "remaining"),
+               steps((0, "red"), (0.25, "orange"), (0.5, "green"))).decimals(1),
+        single("Burn rate now", "Error-budget burn rate over the last 5 minutes.",
+               "none", one(sloth.CURRENT_BURN_RATE, "burn rate"), _burn_steps(slo.window_s)),
+    ]
+
+
+def _burn_rates(service: str, slo: SLO):
+    pairs = [(sloth.burn_rate(w, service, slo.name), w) for w in BURN_RATE_WINDOWS]
+    return graph("Burn rate by window", "Error-budget burn rate over each alerting "
+                 "window (multi-window, multi-burn-rate alerts compare these).", "none",
+                 queries(*pairs), _burn_steps(slo.window_s))
+
+
+def _bad_by_bucket(slo: SLO):
+    by = ("context_bucket",)
+    bad = rate(SLO_REQUESTS, by, matchers(slo=slo.name, result=BAD))
+    events = rate(SLO_REQUESTS, by, matchers(slo=slo.name))
+    return graph("Bad events by context bucket", "Share of this SLO's events judged bad "
+                 "against the context-aware target, per context bucket; the line is the "
+                 "error budget.", "percentunit", queries((f"{bad} / {events}",
+                                                         "{{context_bucket}}")),
+                 steps((0, "green"), (round(slo.error_budget, 6), "red")))
+
+
+def _burn_steps(period_s: int | None = None):
+    """Orange from 1 (on budget); red from the fastest page factor (14.4 for 30 days)."""
+    fastest = [(max(w.factor(period_s) for w in BURN_WINDOWS), "red")] if period_s else []
+    return steps((0, "green"), (1, "orange"), *fastest)
