@@ -71,6 +71,15 @@ def create_admin_router(runtime) -> APIRouter:
         return JSONResponse({"columns": result.columns, "truncated": result.truncated,
                              "rows": [[_jsonable(v) for v in row] for row in result.rows]})
 
+    @router.get("/slo")
+    async def slo(request: Request):
+        """Attainment, budget and burn rates of every SLO, from the trace log."""
+        try:
+            check_token(request, runtime.admin_token)
+        except ApiError as exc:
+            return exc.response()
+        return JSONResponse(await asyncio.to_thread(_slo_status, runtime))
+
     @router.post("/flush")
     async def flush(request: Request):
         """Write buffered trace rows now (tests and scripts that read right after)."""
@@ -82,6 +91,19 @@ def create_admin_router(runtime) -> APIRouter:
         return JSONResponse(runtime.tracelog.stats())
 
     return router
+
+
+def _slo_status(runtime) -> dict:
+    from slo.budget import compute_status
+    from slo.report import status_to_dict
+
+    runtime.tracelog.flush()
+
+    def query(sql: str):
+        result = runtime.tracelog.query(sql, max_rows=100_000)
+        return result.columns, result.rows
+
+    return status_to_dict(compute_status(query, runtime.config.spec))
 
 
 def _jsonable(value):

@@ -29,7 +29,8 @@ def from_openslo(doc: Located, source: str):
 
     items = doc.sequence().items() if doc.node.tag.endswith(":seq") else [doc]
     parsed = [_one(item) for item in items]
-    _check_unique([slo.name for _, slo in parsed], doc)
+    _check_unique([(slo.name, item.mapping("SLO").require("metadata"))
+                   for (_, slo), item in zip(parsed, items)])
     return SLOSpec(parsed[0][0], tuple(slo for _, slo in parsed))
 
 

@@ -110,7 +110,8 @@ def parse_spec(text: str, source: str = "<spec>") -> SLOSpec:
     parsed = tuple(_parse_slo(item) for item in slos.items())
     if not parsed:
         raise slos.error("must list at least one SLO")
-    _check_unique([s.name for s in parsed], slos)
+    _check_unique([(s.name, item.mapping("SLO").require("name"))
+                   for s, item in zip(parsed, slos.items())])
     return SLOSpec(service, parsed)
 
 
@@ -168,9 +169,10 @@ def _table_step(node: Located) -> tuple[int | None, float]:
     return bound, pair[1].number()
 
 
-def _check_unique(names: list[str], node: Located) -> None:
+def _check_unique(names: list[tuple[str, Located]]) -> None:
+    """(name, where it was given) pairs; the second use of a name is the error."""
     seen = set()
-    for name in names:
+    for name, node in names:
         if name in seen:
             raise node.error(f"SLO name {name!r} is used twice")
         seen.add(name)

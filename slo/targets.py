@@ -18,6 +18,11 @@ import math
 from dataclasses import dataclass
 
 
+def _lit(seconds: float) -> str:
+    """A DOUBLE literal: DuckDB would read 0.3 as DECIMAL."""
+    return f"{float(seconds)!r}::DOUBLE"
+
+
 @dataclass(frozen=True, slots=True)
 class ContextTarget:
     short_base_s: float = 0.2
@@ -41,8 +46,8 @@ class ContextTarget:
         # Above the breakpoint the log term is positive, so the clamp is not needed
         # there; writing it this way makes the expression 3-4x cheaper per row.
         bp = self.breakpoint_tokens
-        return (f"(CASE WHEN {ctx} <= {bp} THEN {self.short_base_s!r} "
-                f"ELSE {self.long_base_s!r} * (1 + log2({ctx} / {bp})) END)")
+        return (f"(CASE WHEN {ctx} <= {bp} THEN {_lit(self.short_base_s)} "
+                f"ELSE {_lit(self.long_base_s)} * (1 + log2({ctx} / {bp})) END)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +62,7 @@ class FixedTarget:
         return self.seconds
 
     def sql(self, ctx: str) -> str:
-        return repr(float(self.seconds))
+        return _lit(self.seconds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +89,8 @@ class TableTarget:
         return self.steps[-1][1]
 
     def sql(self, ctx: str) -> str:
-        cases = " ".join(f"WHEN {ctx} <= {b} THEN {s!r}" for b, s in self.steps if b is not None)
-        return f"(CASE {cases} ELSE {self.steps[-1][1]!r} END)"
+        cases = " ".join(f"WHEN {ctx} <= {b} THEN {_lit(s)}" for b, s in self.steps if b is not None)
+        return f"(CASE {cases} ELSE {_lit(self.steps[-1][1])} END)"
 
 
 Target = ContextTarget | FixedTarget | TableTarget

@@ -11,6 +11,7 @@ import click
 
 from tailguard import commands
 from tailguard.cmd_dashboards import dashboards
+from tailguard.cmd_slo import slo
 
 
 class Group(click.Group):
@@ -40,3 +41,4 @@ main.add_command(commands.model)
 main.add_command(commands.serve)
 main.add_command(commands.query)
 main.add_command(dashboards)
+main.add_command(slo)

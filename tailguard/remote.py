@@ -24,9 +24,12 @@ def admin_token(token_file: str | None) -> str:
     return token
 
 
-def post_admin(url: str, path: str, body: dict, token: str, timeout: float = 30.0) -> dict:
+def post_admin(url: str, path: str, body: dict | None, token: str,
+               timeout: float = 30.0) -> dict:
+    """POST `body` (GET when None) to an admin endpoint; QueryError on any failure."""
     request = urllib.request.Request(
-        url.rstrip("/") + path, data=json.dumps(body).encode(), method="POST",
+        url.rstrip("/") + path, data=None if body is None else json.dumps(body).encode(),
+        method="GET" if body is None else "POST",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

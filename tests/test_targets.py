@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from slo.targets import ContextTarget
+from slo.targets import ContextTarget, FixedTarget, TableTarget
 
 TARGET = ContextTarget()
 
@@ -33,3 +33,15 @@ def test_targets_are_positive_and_monotone():
 def test_bad_target_settings_are_refused(kwargs):
     with pytest.raises(ValueError):
         ContextTarget(**kwargs)
+
+
+@pytest.mark.parametrize("target", [
+    ContextTarget(), ContextTarget(0.1, 0.3, 2048), FixedTarget(0.25),
+    TableTarget(((4096, 0.3), (None, 0.8))), TableTarget(((100, 0.1), (1000, 0.2), (5000, 0.4)))])
+def test_sql_and_python_targets_agree(target):
+    import duckdb
+
+    lengths = [0, 1, 100, 511, 1024, 1025, 2048, 4096, 4097, 32768, 300000]
+    sql = f"SELECT ctx, {target.sql('ctx')} FROM unnest({lengths}) t(ctx) ORDER BY ctx"
+    for ctx, value in duckdb.sql(sql).fetchall():
+        assert value == pytest.approx(target(ctx), rel=1e-12), ctx
