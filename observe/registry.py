@@ -75,7 +75,8 @@ E2E: Final = _latency(
     "Time from request arrival to the last byte of the response.")
 QUEUE: Final = _latency(
     "tailguard_request_queue_seconds", "tailguard.request.queue",
-    "Time a request waited in the engine's queue before its first scheduling.")
+    "Time from the engine accepting a request to its first scheduling (includes the "
+    "wait for a busy engine core to read it).")
 PREFILL: Final = _latency(
     "tailguard_request_prefill_seconds", "tailguard.request.prefill",
     "Time from first scheduling to the first token (prompt processing).")
@@ -129,13 +130,14 @@ ALL_METRICS: Final = LATENCY_METRICS + (
 
 # --- spans ---------------------------------------------------------------------------
 SPAN_REQUEST: Final = "llm.request"
+SPAN_TOKENIZE: Final = "llm.tokenize"
 SPAN_QUEUE: Final = "llm.queue"
 SPAN_PREFILL: Final = "llm.prefill"
 SPAN_DECODE: Final = "llm.decode"
 SPAN_SAMPLING: Final = "llm.sampling"
 SPAN_STEP: Final = "llm.step"
 PHASE_SPANS: Final = (SPAN_QUEUE, SPAN_PREFILL, SPAN_DECODE, SPAN_SAMPLING)
-ALL_SPANS: Final = (SPAN_REQUEST,) + PHASE_SPANS + (SPAN_STEP,)
+ALL_SPANS: Final = (SPAN_REQUEST, SPAN_TOKENIZE) + PHASE_SPANS + (SPAN_STEP,)
 
 # --- span attributes: OpenTelemetry GenAI conventions, then ours ----------------------
 ATTR_OPERATION: Final = "gen_ai.operation.name"

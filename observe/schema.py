@@ -73,6 +73,7 @@ REQUESTS: Final = TableSpec("requests", (
     ("sampling_s", "DOUBLE"), ("ttft_s", "DOUBLE"), ("tpot_s", "DOUBLE"), ("e2e_s", "DOUBLE"),
     ("iterations", "INTEGER"), ("avg_iter_s", "DOUBLE"), ("preemptions", "INTEGER"),
     ("slo_ttft_target_s", "DOUBLE"), ("slo_ok", "BOOLEAN"), ("policy_actions", "VARCHAR[]"),
+    ("tokenize_s", "DOUBLE"),
 ))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),

@@ -31,37 +31,54 @@ class WallClock:
     def datetime(self, mono: float) -> datetime:
         return datetime.fromtimestamp(mono + self.offset, tz=timezone.utc)
 
+    def monotonic(self, epoch: float) -> float:
+        return epoch - self.offset
+
 
 @dataclass(frozen=True, slots=True)
 class EngineTimes:
     """The engine's own stamps for one request (vLLM RequestStateStats), monotonic."""
 
-    queued: float
+    queued: float  # the engine core took the request in
     scheduled: float
     first_token: float
     last_token: float
     preemptions: int = 0
+    accepted: float | None = None  # the engine client (AsyncLLM) took the request in
 
     @classmethod
-    def from_vllm(cls, stats) -> "EngineTimes | None":
+    def from_vllm(cls, stats, clock: "WallClock | None" = None) -> "EngineTimes | None":
         """None when the engine never scheduled the request (aborted in the queue)."""
         if stats is None or not stats.queued_ts or not stats.scheduled_ts:
             return None
         first = stats.first_token_ts or stats.scheduled_ts
         last = stats.last_token_ts or first
-        return cls(stats.queued_ts, stats.scheduled_ts, first, last, stats.num_preemptions)
+        accepted = None
+        if clock is not None and stats.arrival_time:  # a wall-clock stamp of the frontend
+            accepted = min(clock.monotonic(stats.arrival_time), stats.queued_ts)
+        return cls(stats.queued_ts, stats.scheduled_ts, first, last, stats.num_preemptions,
+                   accepted)
 
     def merge(self, other: "EngineTimes") -> "EngineTimes":
         """Span of several engine requests serving one HTTP request."""
+        accepted = [t for t in (self.accepted, other.accepted) if t is not None]
         return EngineTimes(min(self.queued, other.queued), min(self.scheduled, other.scheduled),
                            min(self.first_token, other.first_token),
                            max(self.last_token, other.last_token),
-                           self.preemptions + other.preemptions)
+                           self.preemptions + other.preemptions,
+                           min(accepted) if accepted else None)
 
-    # Each interval as vLLM's FinishedRequestStats defines it.
     @property
-    def queue_s(self) -> float:  # queued -> first scheduled
-        return self.scheduled - self.queued
+    def queue_start(self) -> float:
+        return self.queued if self.accepted is None else self.accepted
+
+    # The intervals. Queue starts when the engine client accepts the request, not when
+    # the engine core reads it (vLLM's `queued_ts`): the core only reads new requests
+    # between steps, so a long step makes new requests wait before vLLM's queue clock
+    # starts. That wait is queueing too, and it is where a P99 hides.
+    @property
+    def queue_s(self) -> float:  # accepted -> first scheduled
+        return self.scheduled - self.queue_start
 
     @property
     def prefill_s(self) -> float:  # first scheduled -> first token
@@ -130,6 +147,13 @@ class RequestRecord:
         return None if self.end is None else self.end - self.arrival
 
     @property
+    def tokenize_s(self) -> float | None:
+        """HTTP arrival -> the engine accepts it: body parsing, chat template, tokenizing."""
+        if self.engine is None or self.engine.accepted is None:
+            return None
+        return max(0.0, self.engine.accepted - self.arrival)
+
+    @property
     def ttft_s(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.arrival
 
@@ -168,6 +192,7 @@ class RequestRecord:
             "preemptions": engine.preemptions if engine else 0,
             "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
             "policy_actions": list(self.policy_actions),
+            "tokenize_s": self.tokenize_s,
         }
 
 

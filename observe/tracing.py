@@ -126,7 +126,9 @@ def _phases(rec: RequestRecord):
     engine, tally = rec.engine, rec.tally
     if engine is None:
         return
-    yield R.SPAN_QUEUE, engine.queued, engine.scheduled, {}
+    if engine.accepted is not None:
+        yield R.SPAN_TOKENIZE, rec.arrival, max(rec.arrival, engine.accepted), {}
+    yield R.SPAN_QUEUE, engine.queue_start, engine.scheduled, {}
     yield R.SPAN_PREFILL, engine.scheduled, engine.first_token, {}
     yield R.SPAN_DECODE, engine.first_token, engine.last_token, {}
     if tally.steps:

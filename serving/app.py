@@ -60,7 +60,9 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz():
-        return {"status": "ready"} if runtime.ready else _not_ready()
+        if not runtime.ready:
+            return _not_ready()
+        return {"status": "ready", "warmup": [call.as_dict() for call in runtime.warmup]}
 
     @app.get("/metrics")
     async def metrics():

@@ -14,7 +14,7 @@ import time
 from argparse import Namespace
 from collections.abc import AsyncIterator
 
-from observe.stats import EngineTimes, RequestRecord
+from observe.stats import EngineTimes, RequestRecord, WallClock
 from serving.steps import StepLedger
 
 # Defaults that make a CPU box start in seconds; every one can be overridden by
@@ -59,9 +59,10 @@ class ObservedEngine:
     """Delegates to an `AsyncLLM`; `generate()` also fills the current request's
     record: token counts, finish reason, first-token time and the engine's stamps."""
 
-    def __init__(self, engine, ledger: StepLedger):
+    def __init__(self, engine, ledger: StepLedger, clock: WallClock):
         self._engine = engine
         self._ledger = ledger
+        self._clock = clock
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -89,7 +90,7 @@ class ObservedEngine:
         finally:
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
-                _absorb(rec, last, tokens)
+                _absorb(rec, last, tokens, self._clock)
 
 
 def _is_delta(sampling_params) -> bool:
@@ -98,7 +99,7 @@ def _is_delta(sampling_params) -> bool:
     return getattr(kind, "name", "") == "DELTA"
 
 
-def _absorb(rec: RequestRecord, out, output_tokens: int) -> None:
+def _absorb(rec: RequestRecord, out, output_tokens: int, clock: WallClock) -> None:
     """Add one engine request's outcome to the record (a completion with several
     prompts makes several engine requests)."""
     rec.prompt_tokens += len(out.prompt_token_ids or ())
@@ -106,6 +107,6 @@ def _absorb(rec: RequestRecord, out, output_tokens: int) -> None:
     reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
     if reasons:
         rec.finish_reason = reasons[0]
-    times = EngineTimes.from_vllm(out.metrics)
+    times = EngineTimes.from_vllm(out.metrics, clock)
     if times is not None:
         rec.engine = times if rec.engine is None else rec.engine.merge(times)

@@ -21,6 +21,7 @@ from serving.engine import ObservedEngine, start_engine, vllm_namespace
 from serving.engine_stats import EngineSecond, stat_logger_factory
 from serving.observer import Observer
 from serving.steps import StepLedger
+from serving.warmup import warm_up
 
 log = logging.getLogger("tailguard")
 
@@ -51,6 +52,7 @@ class Runtime:
         self.admin_token, self.admin_token_source = resolve_admin_token(
             config.db, config.admin_token_file)
         self.handle: EngineHandle | None = None
+        self.warmup: list = []
         self._ticker: asyncio.Task | None = None
         self._dropped_seen: dict[str, int] = {}
 
@@ -66,7 +68,10 @@ class Runtime:
         args = vllm_namespace(self.config.model, self.config.served_model_name,
                               self.config.vllm_args)
         engine = start_engine(args, [stat_logger_factory(self.second)])
-        self.handle = await _serving_handle(ObservedEngine(engine, self.ledger), args)
+        model_config = engine.model_config
+        self.warmup = await warm_up(engine, model_config.max_model_len,
+                                    model_config.get_vocab_size())
+        self.handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock), args)
         self._ticker = asyncio.create_task(self._tick_engine_seconds())
         log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
                  self.config.db)

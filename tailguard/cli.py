@@ -10,7 +10,9 @@ import sys
 import click
 
 from tailguard import commands
+from tailguard.cmd_bench import bench
 from tailguard.cmd_dashboards import dashboards
+from tailguard.cmd_rules import rules
 from tailguard.cmd_slo import slo
 
 
@@ -41,4 +43,6 @@ main.add_command(commands.model)
 main.add_command(commands.serve)
 main.add_command(commands.query)
 main.add_command(dashboards)
+main.add_command(rules)
 main.add_command(slo)
+main.add_command(bench)

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 ADMIN_TOKEN = "test-admin-token"
+# The session server judges by the default SLOs plus `ttft_breach` (a 1 µs TTFT target
+# every request misses), so burn-rate alerts can be seen firing end to end.
+SESSION_SLO = Path(__file__).parent / "data" / "slo_breach.yaml"
 STARTUP_TIMEOUT_S = 180
 
 
@@ -89,8 +92,15 @@ def stop_server(server: Server) -> None:
 
 
 @pytest.fixture(scope="session")
+def session_spec():
+    from slo.spec import load_spec
+
+    return load_spec(SESSION_SLO)
+
+
+@pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("server"))
+    srv = start_server(tmp_path_factory.mktemp("server"), "--slo", str(SESSION_SLO))
     yield srv
     stop_server(srv)
 

@@ -1,0 +1,117 @@
+"""Operational alerts: thresholds from the seed articles' alert tables, as data.
+
+Each alert is a row: name, severity, how long the condition must hold, PromQL built
+from registry names, and annotations. `docs/alerts.md` has one runbook section per
+row (a test checks the anchors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from alerts.config import RuleConfig
+from alerts.promql import number, selector
+from observe import registry as R
+
+P99_MAX_S = 1.0  # seed 000 alert table: P99 > 1 s for 1 m
+P99_RATE_WINDOW = "2m"  # >= 2 scrapes even at a 1 m scrape interval
+ERROR_RATE_MAX = 0.01  # seed 000: error rate > 1%
+ERROR_RATE_WINDOW = "5m"
+ERROR_STATUS = "error"  # `status` of requests the engine or server failed (5xx)
+KV_USAGE_MAX = 0.9  # SPEC §3: memory pressure > 90%
+FORECAST_MAX = 0.9  # seed 002 / SPEC §3: forecast memory > 90%
+QUEUE_DEPTH_MAX = 5  # seed 000: queue depth > 5 triggers the max_new_tokens cap
+BATCH_EFFICIENCY_MIN = 0.6  # seed 000: batch efficiency ("利用率") < 60%
+GROUP = "tailguard-operational-alerts"
+_STATUS = R.REQUESTS.labels[0]
+
+
+@dataclass(frozen=True, slots=True)
+class OpsAlert:
+    name: str
+    severity: str  # page | ticket
+    hold: str  # Prometheus `for:`
+    expr: Callable[[str], str]  # job -> PromQL
+    summary: str
+    description: str
+
+
+def _p99(job: str) -> str:
+    buckets = selector(R.E2E.prom_name + "_bucket", job=job)
+    return (f"histogram_quantile(0.99,\n  sum by (le) (rate({buckets}[{P99_RATE_WINDOW}]))\n)"
+            f" > {number(P99_MAX_S)}\n")
+
+
+def _error_rate(job: str) -> str:
+    failed = selector(R.REQUESTS.prom_name, job=job, **{_STATUS: ERROR_STATUS})
+    every = selector(R.REQUESTS.prom_name, job=job)
+    w = ERROR_RATE_WINDOW
+    return (f"sum(rate({failed}[{w}]))\n/\nsum(rate({every}[{w}]))\n"
+            f"> {number(ERROR_RATE_MAX)}\n")
+
+
+def _gauge_above(metric: R.MetricDef, threshold: float, by: str = "instance"):
+    return lambda job: (f"max by ({by}) ({selector(metric.prom_name, job=job)})"
+                        f" > {number(threshold)}\n")
+
+
+def _batch_efficiency(job: str) -> str:
+    running = f"sum by (instance) ({selector(R.RUNNING.prom_name, job=job)})"
+    waiting = f"sum by (instance) ({selector(R.WAITING.prom_name, job=job)})"
+    return (f"{running}\n/\n(\n  {running}\n  + {waiting}\n)\n"
+            f"< {number(BATCH_EFFICIENCY_MIN)}\n")
+
+
+_VALUE_PCT = "{{ $value | humanizePercentage }}"
+_ON = "on {{ $labels.instance }}"
+
+OPS_ALERTS = (
+    OpsAlert("TailguardHighP99Latency", "page", "1m", _p99,
+             f"P99 end-to-end latency above {P99_MAX_S:g} s.",
+             f"P99 of {R.E2E.prom_name} over {P99_RATE_WINDOW} is"
+             f" {{{{ $value | humanizeDuration }}}} (threshold {P99_MAX_S:g}s, seed 000)."),
+    OpsAlert("TailguardHighErrorRate", "page", "1m", _error_rate,
+             f"More than {ERROR_RATE_MAX:.0%} of requests fail.",
+             f"{_VALUE_PCT} of requests over {ERROR_RATE_WINDOW} ended with status"
+             f" {ERROR_STATUS} (5xx; threshold {ERROR_RATE_MAX:.0%})."),
+    OpsAlert("TailguardKVCacheNearlyFull", "ticket", "5m",
+             _gauge_above(R.KV_CACHE_USAGE, KV_USAGE_MAX),
+             f"KV cache above {KV_USAGE_MAX:.0%} {_ON}.",
+             f"The engine {_ON} uses {_VALUE_PCT} of its KV-cache blocks (threshold"
+             f" {KV_USAGE_MAX:.0%}); preemptions and queueing follow."),
+    OpsAlert("TailguardMemoryForecastHigh", "ticket", "1m",
+             _gauge_above(R.MEMORY_FORECAST, FORECAST_MAX, "instance, horizon"),
+             f"KV-cache usage forecast above {FORECAST_MAX:.0%} {_ON}.",
+             f"The memory forecast {_ON} at horizon {{{{ $labels.horizon }}}} is {_VALUE_PCT}"
+             f" (threshold {FORECAST_MAX:.0%})."),
+    OpsAlert("TailguardQueueDepthHigh", "ticket", "1m",
+             _gauge_above(R.WAITING, QUEUE_DEPTH_MAX),
+             f"More than {QUEUE_DEPTH_MAX} requests waiting {_ON}.",
+             f"{{{{ $value }}}} requests wait in the engine queue {_ON} (threshold"
+             f" {QUEUE_DEPTH_MAX}, the queue-depth policy's trigger)."),
+    OpsAlert("TailguardLowBatchEfficiency", "ticket", "5m", _batch_efficiency,
+             f"Batch efficiency below {BATCH_EFFICIENCY_MIN:.0%} {_ON}.",
+             f"Only {_VALUE_PCT} of the requests in the engine {_ON} are in the running"
+             " batch; the rest wait (running / (running + waiting), threshold"
+             f" {BATCH_EFFICIENCY_MIN:.0%})."),
+    OpsAlert("TailguardTargetDown", "page", "1m", lambda job: f'up{{job="{job}"}} == 0\n',
+             "Prometheus cannot scrape {{ $labels.instance }}.",
+             "The scrape of {{ $labels.instance }} (job {{ $labels.job }}) fails;"
+             " the server is down or /metrics does not answer."),
+    OpsAlert("TailguardTargetAbsent", "page", "5m", lambda job: f'absent(up{{job="{job}"}})\n',
+             "No tailguard scrape target.",
+             "Prometheus has no target in job {{ $labels.job }}: no SLO or alert"
+             " here can fire. Check the scrape configuration and service discovery."),
+)
+
+
+def ops_group(config: RuleConfig) -> dict:
+    return {"name": GROUP, "rules": [_rule(a, config) for a in OPS_ALERTS]}
+
+
+def _rule(alert: OpsAlert, config: RuleConfig) -> dict:
+    return {"alert": alert.name, "expr": alert.expr(config.job), "for": alert.hold,
+            "labels": {"severity": alert.severity},
+            "annotations": {"summary": alert.summary, "description": alert.description,
+                            "runbook_url": config.runbook(alert.name)}}

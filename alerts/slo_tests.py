@@ -1,0 +1,134 @@
+"""promtool unit tests for each SLO's recordings and burn-rate alerts.
+
+Recording rules are checked at values that are exact in floating point (rates of
+whole events per second, ratios of small integers). Alerts are checked by scenario:
+a per-minute share of bad events, replayed as `good`/`bad` counters. What each
+scenario should do comes from the burn windows (`burn_outcome` models the rate
+windows both ways Prometheus has bounded them); a scenario whose outcome is
+ambiguous or infeasible for this SLO's objective is left out rather than guessed.
+"""
+
+from __future__ import annotations
+
+from alerts.config import RuleConfig
+from alerts.promql import BAD, BUCKET_LABEL, GOOD, RESULT_LABEL, SLO_LABEL
+from alerts.promtool import counter_values, expected_alert, series
+from alerts.slo_rules import (BUCKET_RECORD, BURN_ALERT, SLI_RECORD, burn_alerts, error_budget,
+                              slo_labels)
+from alerts.slo_windows import Scenario, burn_outcome, scenarios
+from observe import registry as R
+from slo.spec import SLO, SLOSpec, parse_duration
+from slo.windows import BURN_WINDOWS, sli_windows
+
+VOLUME = 1000.0  # events per minute in alert scenarios
+PER_SECOND = 60.0  # one event per second: rates come out as whole numbers
+SHORT = min((w.short for w in BURN_WINDOWS), key=parse_duration)  # 5m
+EVAL = "10m"
+
+
+def slo_tests(spec: SLOSpec, config: RuleConfig) -> list[dict]:
+    """Recordings for every SLO; alert scenarios once per (objective, period), since
+    SLOs that share both have the same thresholds (and promtool time adds up)."""
+    tests, seen = [], set()
+    for slo in spec.slos:
+        labels = slo_labels(spec.service, slo)
+        tests += [f(slo, labels, config.job) for f in (_recordings, _period, _all_good, _idle)]
+        if (slo.objective, slo.window_s) not in seen:
+            seen.add((slo.objective, slo.window_s))
+            alerts = burn_alerts(slo, labels, config)
+            tests += [t for s in scenarios(slo)
+                      if (t := _scenario(s, slo, labels, alerts, config.job))]
+    return tests
+
+
+def _counter(job: str, slo: SLO, bucket: str, result: str, increments: list[float]) -> dict:
+    name = series(R.SLO_REQUESTS.prom_name, job,
+                  **{SLO_LABEL: slo.name, BUCKET_LABEL: bucket, RESULT_LABEL: result})
+    return {"series": name, "values": counter_values(increments)}
+
+
+def _sample(record: str, labels: dict, value: float, **extra: str) -> dict:
+    body = ",".join(f'{k}="{v}"' for k, v in sorted({**labels, **extra}.items()))
+    return {"expr": f"{record}{{{body}}}", "eval_time": EVAL,
+            "exp_samples": [{"labels": f"{record}{{{body}}}", "value": value}]}
+
+
+def _recordings(slo: SLO, labels: dict, job: str) -> dict:
+    """Three context buckets: half bad, all bad, all good (no `bad` series at all)."""
+    b0, b1, b2 = R.CONTEXT_BUCKETS[:3]
+    minutes = 10
+    inputs = [_counter(job, slo, b0, BAD, [PER_SECOND] * minutes),
+              _counter(job, slo, b0, GOOD, [PER_SECOND] * minutes),
+              _counter(job, slo, b1, BAD, [2 * PER_SECOND] * minutes),
+              _counter(job, slo, b2, GOOD, [PER_SECOND] * minutes)]
+    ratio = 3 / 5  # (1 + 2) bad per second out of (1 + 1 + 2 + 1)
+    budget = error_budget(slo)
+    window = {"sloth_window": SHORT}
+    bucket = BUCKET_RECORD.format(SHORT)
+    tests = [
+        _sample(SLI_RECORD.format(SHORT), labels, ratio, **window),
+        _sample(bucket, labels, 0.5, **window, **{BUCKET_LABEL: b0}),
+        _sample(bucket, labels, 1.0, **window, **{BUCKET_LABEL: b1}),
+        _sample(bucket, labels, 0.0, **window, **{BUCKET_LABEL: b2}),
+        _sample("slo:objective:ratio", labels, slo.objective),
+        _sample("slo:error_budget:ratio", labels, budget),
+        _sample("slo:time_period:days", labels, slo.window_s / 86400),
+        # `group_left` keeps the SLI's `sloth_window`, as in Sloth's own output.
+        _sample("slo:current_burn_rate:ratio", labels, ratio / budget, **window),
+    ]
+    return {"name": f"{slo.name}: SLI, per-bucket SLI and metadata recordings",
+            "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
+
+
+def _period(slo: SLO, labels: dict, job: str) -> dict:
+    """Half of the events bad from the start: every 5m ratio is exactly 0.5."""
+    b0 = R.CONTEXT_BUCKETS[0]
+    inputs = [_counter(job, slo, b0, result, [PER_SECOND] * 10) for result in (BAD, GOOD)]
+    period = {"sloth_window": slo.window}
+    burn = 0.5 / error_budget(slo)
+    tests = [
+        _sample(SLI_RECORD.format(slo.window), labels, 0.5, **period),
+        _sample(BUCKET_RECORD.format(slo.window), labels, 0.5, **period, **{BUCKET_LABEL: b0}),
+        _sample("slo:period_burn_rate:ratio", labels, burn, **period),
+        _sample("slo:period_error_budget_remaining:ratio", labels, 1 - burn, **period),
+    ]
+    return {"name": f"{slo.name}: period SLI, period burn rate and remaining budget",
+            "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
+
+
+def _all_good(slo: SLO, labels: dict, job: str) -> dict:
+    """No bad event ever, hence no `bad` series: the error ratio is 0, not missing."""
+    b0 = R.CONTEXT_BUCKETS[0]
+    inputs = [_counter(job, slo, b0, GOOD, [PER_SECOND] * 10)]
+    window, period = {"sloth_window": SHORT}, {"sloth_window": slo.window}
+    tests = [_sample(SLI_RECORD.format(SHORT), labels, 0.0, **window),
+             _sample(SLI_RECORD.format(slo.window), labels, 0.0, **period),
+             _sample(BUCKET_RECORD.format(SHORT), labels, 0.0, **window, **{BUCKET_LABEL: b0}),
+             _sample("slo:period_error_budget_remaining:ratio", labels, 1.0, **period)]
+    return {"name": f"{slo.name}: no bad event is an error ratio of 0",
+            "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
+
+
+def _idle(slo: SLO, labels: dict, job: str) -> dict:
+    """Counters that exist but do not move: no ratio (not NaN) in any window."""
+    b0 = R.CONTEXT_BUCKETS[0]
+    inputs = [_counter(job, slo, b0, result, [0.0] * 10) for result in (BAD, GOOD)]
+    tests = [{"expr": SLI_RECORD.format(w), "eval_time": EVAL, "exp_samples": []}
+             for w in sli_windows(slo.window_s)]
+    return {"name": f"{slo.name}: an idle SLO has no error ratio",
+            "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
+
+
+def _scenario(scenario: Scenario, slo: SLO, labels: dict, alerts: list[dict],
+              job: str) -> dict | None:
+    if burn_outcome(scenario, slo) != set(scenario.expect):
+        return None  # ambiguous for this objective: leave it out rather than guess
+    b0 = R.CONTEXT_BUCKETS[0]
+    bad = [p * VOLUME for p in scenario.profile]
+    good = [(1 - p) * VOLUME for p in scenario.profile]
+    expected = [expected_alert(rule, labels) for rule in alerts
+                if rule["labels"]["severity"] in scenario.expect]
+    return {"name": f"{slo.name}: {scenario.name}", "interval": "1m",
+            "input_series": [_counter(job, slo, b0, BAD, bad), _counter(job, slo, b0, GOOD, good)],
+            "alert_rule_test": [{"eval_time": f"{len(scenario.profile)}m",
+                                 "alertname": BURN_ALERT, "exp_alerts": expected}]}

@@ -1,0 +1,87 @@
+"""Workloads for the load generator: open-loop Poisson arrivals and request shapes.
+
+A scenario turns (rate, duration, seed) into a fixed list of `Arrival`s before any
+request is sent, so a run is reproducible with `--seed` and the arrival process never
+waits on the server (open loop: a slow server does not slow the offered load).
+
+- steady: constant rate;
+- ramp: rate rising linearly from 0 to the target over the run;
+- burst: the target rate, with a 3x surge through the middle third (seed 000's
+  burst test);
+- mixed: steady arrivals with bimodal lengths, 70% chat (200-500 prompt tokens) and
+  30% documents (up to the model's context).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+SCENARIOS = ("steady", "ramp", "burst", "mixed")
+CHAT_TOKENS = (200, 500)
+DOCUMENT_SHARE = 0.3
+# Common English words: one token each for the embedded tokenizer (measured), about
+# 1-1.3 for usual LLM tokenizers. Reports bucket by the server's `usage.prompt_tokens`.
+TOKENS_PER_WORD = 1.0
+_WORDS = tuple("the of and to in is that for it as with be on not this are by or an from at "
+               "which if can when value time list each first new number string return call "
+               "data object type file name line error result set order point".split())
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    at_s: float  # seconds after the run starts
+    prompt_words: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    scenario: str
+    rate: float  # requests/s at full load
+    duration_s: float
+    max_requests: int
+    max_context: int = 4096
+    output_tokens: int = 64
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {', '.join(SCENARIOS)}")
+        if not self.rate > 0 or not self.duration_s > 0 or self.max_requests < 1:
+            raise ValueError("rate, duration and max_requests must be positive")
+        if self.max_context < 2 * self.output_tokens:
+            raise ValueError("max_context is too small for the output tokens")
+
+    def rate_at(self, t: float) -> float:
+        if self.scenario == "ramp":
+            return self.rate * t / self.duration_s
+        if self.scenario == "burst" and self.duration_s / 3 <= t < 2 * self.duration_s / 3:
+            return 3 * self.rate
+        return self.rate
+
+    def arrivals(self) -> list[Arrival]:
+        """Poisson arrivals by thinning against the peak rate (exact for any shape)."""
+        rng = random.Random(self.seed)
+        peak = 3 * self.rate if self.scenario == "burst" else self.rate
+        out, t = [], 0.0
+        while len(out) < self.max_requests:
+            t += rng.expovariate(peak)
+            if t >= self.duration_s:
+                break
+            if rng.random() * peak <= self.rate_at(t):
+                out.append(Arrival(t, self._prompt_words(rng), self.output_tokens))
+        return out
+
+    def _prompt_words(self, rng: random.Random) -> int:
+        tokens = rng.randint(*CHAT_TOKENS)
+        if self.scenario == "mixed" and rng.random() < DOCUMENT_SHARE:
+            # Documents: log-uniform up to the context, leaving room for the output.
+            room = self.max_context - self.output_tokens - 16
+            tokens = int(math.exp(rng.uniform(math.log(CHAT_TOKENS[1]), math.log(room))))
+        return max(1, int(tokens / TOKENS_PER_WORD))
+
+
+def prompt_text(words: int, rng: random.Random) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))

@@ -1,0 +1,127 @@
+"""End to end: Debian's Prometheus scrapes a real tailguard server every second and
+evaluates the rules generated for `tests/data/slo_breach.yaml`, whose `ttft_breach`
+SLO (a 1 us TTFT target) makes every request a bad event; a handful of requests
+must make its SLI 100% and its page alert fire. Loopback only, bounded in time."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alerts.config import RuleConfig
+from alerts.rules import write
+from alerts.slo_rules import BURN_ALERT
+from slo.spec import load_spec
+from tests import conftest
+
+ROOT = Path(__file__).resolve().parent.parent
+BREACH_SPEC = ROOT / "tests" / "data" / "slo_breach.yaml"
+BREACH_SLO, GOOD_SLO = "ttft_breach", "availability"
+JOB = "tailguard-e2e"
+REQUESTS = 20
+DEADLINE_S = 60
+
+
+@pytest.fixture(scope="module")
+def breach_server(server):
+    """The session server: conftest starts it with the breach spec."""
+    assert conftest.SESSION_SLO == BREACH_SPEC
+    return server
+
+
+@pytest.fixture(scope="module")
+def prometheus(breach_server, tmp_path_factory):
+    exe = shutil.which("prometheus")
+    assert exe, "Debian's prometheus package is needed (scripts/system-deps.sh)"
+    tmp = tmp_path_factory.mktemp("prometheus")
+    rules, _ = write(load_spec(BREACH_SPEC), tmp / "rules", RuleConfig(job=JOB))
+    target = breach_server.url.removeprefix("http://")
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "rule_files": [str(rules)],
+              "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}]}
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{conftest.free_port()}"
+    log = (tmp / "prometheus.log").open("w")
+    process = subprocess.Popen(
+        [exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+         f"--web.listen-address={url.removeprefix('http://')}"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
+    try:
+        _until(lambda: _get(url + "/-/ready", raw=True) == 200, "Prometheus ready", 30)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _get(url: str, raw: bool = False):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status if raw else json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def _until(check, what: str, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.5)
+    pytest.fail(f"{what}: not within {timeout_s}s")
+
+
+def _query(url: str, promql: str) -> dict[str, float]:
+    """{sloth_slo or '': value} of an instant query."""
+    data = _get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+    if not data or data.get("status") != "success":
+        return {}
+    return {r["metric"].get("sloth_slo", ""): float(r["value"][1]) for r in data["data"]["result"]}
+
+
+def _firing(url: str) -> set[tuple[str, str]]:
+    """(sloth_slo, severity) of the firing burn-rate alerts."""
+    data = _get(url + "/api/v1/alerts") or {"data": {"alerts": []}}
+    return {(a["labels"].get("sloth_slo"), a["labels"].get("severity"))
+            for a in data["data"]["alerts"]
+            if a["labels"].get("alertname") == BURN_ALERT and a["state"] == "firing"}
+
+
+def _send_requests(server) -> None:
+    """Spread over a few scrapes, so that the counters rise between samples."""
+    model = _get(server.url + "/v1/models")["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": "The quick brown fox", "max_tokens": 4}).encode()
+    for _ in range(REQUESTS):
+        req = urllib.request.Request(server.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            assert resp.status == 200
+        time.sleep(0.25)
+
+
+def test_a_breached_slo_pages_through_a_real_prometheus(breach_server, prometheus):
+    _until(lambda: _query(prometheus, f'up{{job="{JOB}"}}').get("") == 1, "target up", 20)
+    _send_requests(breach_server)
+    ratio = "slo:sli_error:ratio_rate5m"
+    sli = _until(lambda: (s := _query(prometheus, ratio)).get(BREACH_SLO) and s,
+                 f"{ratio} for {BREACH_SLO}", DEADLINE_S)
+    assert sli[BREACH_SLO] == 1.0  # every request missed the 1 us target
+    assert sli[GOOD_SLO] == 0.0  # no `bad` series at all still reads as 0
+    firing = _until(lambda: _firing(prometheus) >= {(BREACH_SLO, "page")} and _firing(prometheus),
+                    f"page alert for {BREACH_SLO}", DEADLINE_S)
+    assert (GOOD_SLO, "page") not in firing
+    burn = _query(prometheus, f'slo:current_burn_rate:ratio{{sloth_slo="{BREACH_SLO}"}}')
+    assert burn[BREACH_SLO] == pytest.approx(100.0)  # 100% bad / 1% budget
