@@ -1,16 +1,19 @@
-# The two commands of the README: `make serve` (the main job) and `make test`.
+# The two commands of the README: `make up` (the main job) and `make test`.
 # Each installs what it needs first (scripts/install.sh, once per change).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: serve test install bench-overhead
+.PHONY: up serve test install
 
 $(VENV)/.installed: pyproject.toml scripts/install.sh
 	VENV=$(VENV) bash scripts/install.sh
 
 install: $(VENV)/.installed
+
+up: $(VENV)/.installed
+	$(PY) -m tailguard up --port $(PORT) $(UP_ARGS)
 
 serve: $(VENV)/.installed
 	$(PY) -m tailguard serve --port $(PORT)

@@ -14,6 +14,7 @@ from tailguard.cmd_bench import bench
 from tailguard.cmd_dashboards import dashboards
 from tailguard.cmd_rules import rules
 from tailguard.cmd_slo import slo
+from tailguard.cmd_up import console, up
 
 
 class Group(click.Group):
@@ -46,3 +47,5 @@ main.add_command(dashboards)
 main.add_command(rules)
 main.add_command(slo)
 main.add_command(bench)
+main.add_command(up)
+main.add_command(console)

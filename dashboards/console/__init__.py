@@ -1,0 +1,1 @@
+"""The Streamlit ops console (run with `tailguard console`)."""

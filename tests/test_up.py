@@ -1,0 +1,61 @@
+"""`tailguard up`: server and console come up, say where everything is, and stop
+together on Ctrl-C. (This starts a second engine: `up` owns its own server.)"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+from tests.conftest import free_port
+
+STARTUP_S = 600
+
+
+def _get(url: str) -> int:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.status
+
+
+def test_up_serves_the_api_and_the_console_and_stops_on_ctrl_c(tmp_path):
+    port, console_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TAILGUARD_ADMIN_TOKEN"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tailguard", "up", "--port", str(port), "--console-port",
+         str(console_port), "--db", str(tmp_path / "up.duckdb")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    deadline = time.monotonic() + STARTUP_S
+    try:
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line, "tailguard up exited:\n" + "".join(lines)
+            lines.append(line)
+            if "Ctrl-C stops both" in line:
+                break
+        text = "".join(lines)
+        assert f"http://127.0.0.1:{port}/v1" in text and f"http://127.0.0.1:{console_port}" in text
+        assert str(tmp_path / "up.duckdb.admin-token") in text
+        assert (tmp_path / "up.duckdb.admin-token").stat().st_mode & 0o777 == 0o600
+        assert _get(f"http://127.0.0.1:{port}/readyz") == 200
+        _wait_for(lambda: _get(f"http://127.0.0.1:{console_port}/") == 200)
+    finally:
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+    assert code == 0
+    assert (tmp_path / "up.duckdb").exists()
+
+
+def _wait_for(check, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if check():
+                return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "not up in time"
+        time.sleep(0.5)
