@@ -11,20 +11,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from alerts.config import RuleConfig
-from alerts.promql import number, selector
+from alerts.promql import label_value, number, selector
 from observe import registry as R
 
 P99_MAX_S = 1.0  # seed 000 alert table: P99 > 1 s for 1 m
 P99_RATE_WINDOW = "2m"  # >= 2 scrapes even at a 1 m scrape interval
-ERROR_RATE_MAX = 0.01  # seed 000: error rate > 1%
+ERROR_RATE_MAX = 0.01  # seed 000: error rate > 1% (`status` R.STATUS_ERROR: 5xx)
 ERROR_RATE_WINDOW = "5m"
-ERROR_STATUS = "error"  # `status` of requests the engine or server failed (5xx)
-KV_USAGE_MAX = 0.9  # SPEC §3: memory pressure > 90%
-FORECAST_MAX = 0.9  # seed 002 / SPEC §3: forecast memory > 90%
+# KV-cache usage and its forecast: above R.MEMORY_PRESSURE_RATIO (SPEC §3, seed 002).
 QUEUE_DEPTH_MAX = 5  # seed 000: queue depth > 5 triggers the max_new_tokens cap
 BATCH_EFFICIENCY_MIN = 0.6  # seed 000: batch efficiency ("利用率") < 60%
 GROUP = "tailguard-operational-alerts"
-_STATUS = R.REQUESTS.labels[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +41,7 @@ def _p99(job: str) -> str:
 
 
 def _error_rate(job: str) -> str:
-    failed = selector(R.REQUESTS.prom_name, job=job, **{_STATUS: ERROR_STATUS})
+    failed = selector(R.REQUESTS.prom_name, job=job, **{R.LABEL_STATUS: R.STATUS_ERROR})
     every = selector(R.REQUESTS.prom_name, job=job)
     w = ERROR_RATE_WINDOW
     return (f"sum(rate({failed}[{w}]))\n/\nsum(rate({every}[{w}]))\n"
@@ -74,17 +71,18 @@ OPS_ALERTS = (
     OpsAlert("TailguardHighErrorRate", "page", "1m", _error_rate,
              f"More than {ERROR_RATE_MAX:.0%} of requests fail.",
              f"{_VALUE_PCT} of requests over {ERROR_RATE_WINDOW} ended with status"
-             f" {ERROR_STATUS} (5xx; threshold {ERROR_RATE_MAX:.0%})."),
+             f" {R.STATUS_ERROR} (5xx; threshold {ERROR_RATE_MAX:.0%})."),
     OpsAlert("TailguardKVCacheNearlyFull", "ticket", "5m",
-             _gauge_above(R.KV_CACHE_USAGE, KV_USAGE_MAX),
-             f"KV cache above {KV_USAGE_MAX:.0%} {_ON}.",
+             _gauge_above(R.KV_CACHE_USAGE, R.MEMORY_PRESSURE_RATIO),
+             f"KV cache above {R.MEMORY_PRESSURE_RATIO:.0%} {_ON}.",
              f"The engine {_ON} uses {_VALUE_PCT} of its KV-cache blocks (threshold"
-             f" {KV_USAGE_MAX:.0%}); preemptions and queueing follow."),
+             f" {R.MEMORY_PRESSURE_RATIO:.0%}); preemptions and queueing follow."),
     OpsAlert("TailguardMemoryForecastHigh", "ticket", "1m",
-             _gauge_above(R.MEMORY_FORECAST, FORECAST_MAX, "instance, horizon"),
-             f"KV-cache usage forecast above {FORECAST_MAX:.0%} {_ON}.",
-             f"The memory forecast {_ON} at horizon {{{{ $labels.horizon }}}} is {_VALUE_PCT}"
-             f" (threshold {FORECAST_MAX:.0%})."),
+             _gauge_above(R.MEMORY_FORECAST, R.MEMORY_PRESSURE_RATIO,
+                          f"instance, {R.LABEL_HORIZON}"),
+             f"KV-cache usage forecast above {R.MEMORY_PRESSURE_RATIO:.0%} {_ON}.",
+             f"The memory forecast {_ON} at horizon {label_value(R.LABEL_HORIZON)} is"
+             f" {_VALUE_PCT} (threshold {R.MEMORY_PRESSURE_RATIO:.0%})."),
     OpsAlert("TailguardQueueDepthHigh", "ticket", "1m",
              _gauge_above(R.WAITING, QUEUE_DEPTH_MAX),
              f"More than {QUEUE_DEPTH_MAX} requests waiting {_ON}.",

@@ -20,6 +20,7 @@ MINUTES = 10
 EARLY, LATE = "0m", "9m"  # before any `for:` has elapsed; after all have
 INSTANCE = {"instance": HOST}
 JOB = {"job": "$job"}  # stands for the configured job in expected labels
+BUCKET = {R.LABEL_CONTEXT_BUCKET: R.CONTEXT_BUCKETS[0]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,15 +37,15 @@ def _e2e(share_le_1: float) -> tuple:
     the rest in (1, 2.5] s."""
     fast = share_le_1 * 60
     counts = {"0.5": 0.0, "1": fast, "2.5": 60.0, "+Inf": 60.0}
-    return tuple((R.E2E.prom_name + "_bucket", {"context_bucket": "0-1k", "le": le},
+    return tuple((R.E2E.prom_name + "_bucket", {**BUCKET, "le": le},
                   counter_values([n] * MINUTES)) for le, n in counts.items())
 
 
 def _requests(error_share: float) -> tuple:
-    per_min = {"ok": 1000 * (1 - error_share), "error": 1000 * error_share}
-    return tuple((R.REQUESTS.prom_name, {"status": s, "context_bucket": "0-1k",
-                                         "priority": "realtime"}, counter_values([n] * MINUTES))
-                 for s, n in per_min.items())
+    per_min = {R.STATUS_OK: 1000 * (1 - error_share), R.STATUS_ERROR: 1000 * error_share}
+    return tuple((R.REQUESTS.prom_name,
+                  {R.LABEL_STATUS: s, **BUCKET, R.LABEL_PRIORITY: R.PRIORITY_REALTIME},
+                  counter_values([n] * MINUTES)) for s, n in per_min.items())
 
 
 def _gauge(metric: R.MetricDef, value: float, **labels: str) -> tuple:
@@ -55,7 +56,7 @@ def _engine(running: float, waiting: float) -> tuple:
     return _gauge(R.RUNNING, running) + _gauge(R.WAITING, waiting)
 
 
-HORIZON = {"horizon": "5m"}
+HORIZON = {R.LABEL_HORIZON: "5m"}
 CASES = (
     Case("TailguardHighP99Latency", "every request slower than 1 s", _e2e(0.0),
          1 + (2.5 - 1) * 0.99),

@@ -1,18 +1,13 @@
 """Small PromQL builders shared by the SLO and operational rules.
 
-Every metric name comes from `observe.registry`; label names come from each
-metric's definition there. The OpenTelemetry exporter adds `otel_scope_*` labels
-to every series, so each expression aggregates with `sum`/`max by (...)`.
+Every metric name, label name and label value comes from `observe.registry`. The
+OpenTelemetry exporter adds `otel_scope_*` labels to every series, so each
+expression aggregates with `sum`/`max by (...)`.
 """
 
 from __future__ import annotations
 
 from observe import registry as R
-
-# The per-request verdict labels of `tailguard_slo_requests_total`
-# (serving/observer.py writes them; the registry names the label keys).
-SLO_LABEL, BUCKET_LABEL, RESULT_LABEL = R.SLO_REQUESTS.labels
-BAD, GOOD = "bad", "good"
 
 
 def selector(metric: str, **matchers: str) -> str:
@@ -27,6 +22,11 @@ def labels_selector(metric: str, labels: dict[str, str]) -> str:
     return f"{metric}{{{inner}}}"
 
 
+def label_value(label: str) -> str:
+    """Alert templating's value of `label`: `{{ $labels.label }}`."""
+    return "{{ $labels." + label + " }}"
+
+
 def sli_error_ratio(job: str, slo: str, window: str, by: tuple[str, ...] = ()) -> str:
     """Share of bad events among all events of `slo` over `window`.
 
@@ -37,8 +37,8 @@ def sli_error_ratio(job: str, slo: str, window: str, by: tuple[str, ...] = ()) -
     """
     metric = R.SLO_REQUESTS.prom_name
     agg = f"sum by ({', '.join(by)}) " if by else "sum"
-    every = selector(metric, job=job, **{SLO_LABEL: slo})
-    bad = selector(metric, job=job, **{SLO_LABEL: slo, RESULT_LABEL: BAD})
+    every = selector(metric, job=job, **{R.LABEL_SLO: slo})
+    bad = selector(metric, job=job, **{R.LABEL_SLO: slo, R.LABEL_RESULT: R.RESULT_BAD})
     total = f"{agg}(rate({every}[{window}]))"
     return (f"(\n  {agg}(rate({bad}[{window}]))\n  or\n  0 * {total}\n)\n"
             f"/\n({total} > 0)\n")
@@ -47,7 +47,7 @@ def sli_error_ratio(job: str, slo: str, window: str, by: tuple[str, ...] = ()) -
 def period_average(record: str, labels: dict[str, str], window: str) -> str:
     """Sloth's period SLI: the mean of the 5m ratio over the period (cheap to evaluate)."""
     series = labels_selector(record, labels)
-    return (f"sum_over_time({series}[{window}])\n/ ignoring (sloth_window)\n"
+    return (f"sum_over_time({series}[{window}])\n/ ignoring ({R.LABEL_SLOTH_WINDOW})\n"
             f"count_over_time({series}[{window}])\n")
 
 

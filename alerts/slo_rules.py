@@ -1,29 +1,30 @@
 """Sloth-compatible SLO rules: SLI recordings, metadata and burn-rate alerts.
 
-Names and labels are Sloth's (`slo:sli_error:ratio_rate5m`, `sloth_id`, ...), so
-Sloth's Grafana dashboards work on them unchanged. Burn-rate alerts follow the
-multi-window, multi-burn-rate scheme kept as data in `slo.windows`; each factor
-comes from `BurnWindow.factor(period)`. We add one thing Sloth has no notion of:
-the same SLI per context bucket (`slo_context_bucket:sli_error:ratio_rate5m`).
+Names and labels are Sloth's (`slo:sli_error:ratio_rate5m`, `sloth_id`, ...; all
+defined in `observe.registry`), so Sloth's Grafana dashboards work on them unchanged.
+Burn-rate alerts follow the multi-window, multi-burn-rate scheme kept as data in
+`slo.windows`; each factor comes from `BurnWindow.factor(period)`. We add one thing
+Sloth has no notion of: the same SLI per context bucket
+(`slo_context_bucket:sli_error:ratio_rate5m`).
 """
 
 from __future__ import annotations
 
 from alerts.config import SLOTH_MODE, SLOTH_SPEC, RuleConfig
-from alerts.promql import (BUCKET_LABEL, labels_selector, number, period_average,
+from alerts.promql import (label_value, labels_selector, number, period_average,
                            sli_error_ratio)
+from observe import registry as R
 from slo.spec import SLO, SLOSpec
 from slo.windows import BURN_WINDOWS, BurnWindow, sli_windows
 
-SLI_RECORD = "slo:sli_error:ratio_rate{}"
-BUCKET_RECORD = "slo_context_bucket:sli_error:ratio_rate{}"
 BURN_ALERT = "TailguardErrorBudgetBurn"
 SEVERITIES = tuple(dict.fromkeys(w.severity for w in BURN_WINDOWS))  # page, ticket
-_ID_LABELS = "sloth_id, sloth_slo, sloth_service"
+_ID_LABELS = ", ".join((R.LABEL_SLOTH_ID, R.LABEL_SLOTH_SLO, R.LABEL_SLOTH_SERVICE))
 
 
 def slo_labels(service: str, slo: SLO) -> dict[str, str]:
-    return {"sloth_id": f"{service}-{slo.name}", "sloth_service": service, "sloth_slo": slo.name}
+    return {R.LABEL_SLOTH_ID: f"{service}-{slo.name}", R.LABEL_SLOTH_SERVICE: service,
+            R.LABEL_SLOTH_SLO: slo.name}
 
 
 def error_budget(slo: SLO) -> float:
@@ -49,43 +50,45 @@ def _sli_rules(slo: SLO, labels: dict, job: str, record: str, by: tuple[str, ...
         else:
             expr = sli_error_ratio(job, slo.name, window, by)
         rules.append({"record": record.format(window), "expr": expr,
-                      "labels": {**labels, "sloth_window": window}})
+                      "labels": {**labels, R.LABEL_SLOTH_WINDOW: window}})
     return rules
 
 
 def _sli_group(slo: SLO, labels: dict, job: str) -> dict:
-    return {"name": f"sloth-slo-sli-recordings-{labels['sloth_id']}",
-            "rules": _sli_rules(slo, labels, job, SLI_RECORD, ())}
+    return {"name": f"sloth-slo-sli-recordings-{labels[R.LABEL_SLOTH_ID]}",
+            "rules": _sli_rules(slo, labels, job, R.RECORD_SLI_ERROR, ())}
 
 
 def _bucket_group(slo: SLO, labels: dict, job: str) -> dict:
-    return {"name": f"tailguard-slo-sli-by-context-bucket-{labels['sloth_id']}",
-            "rules": _sli_rules(slo, labels, job, BUCKET_RECORD, (BUCKET_LABEL,))}
+    return {"name": f"tailguard-slo-sli-by-context-bucket-{labels[R.LABEL_SLOTH_ID]}",
+            "rules": _sli_rules(slo, labels, job, R.RECORD_SLI_ERROR_BY_BUCKET,
+                                (R.LABEL_CONTEXT_BUCKET,))}
 
 
 def _meta_group(slo: SLO, labels: dict, config: RuleConfig) -> dict:
-    sli_5m = labels_selector(SLI_RECORD.format(sli_windows(slo.window_s)[0]), labels)
-    sli_period = labels_selector(SLI_RECORD.format(slo.window), labels)
-    budget = labels_selector("slo:error_budget:ratio", labels)
+    sli_5m = labels_selector(R.RECORD_SLI_ERROR.format(sli_windows(slo.window_s)[0]), labels)
+    sli_period = labels_selector(R.RECORD_SLI_ERROR.format(slo.window), labels)
+    budget = labels_selector(R.RECORD_ERROR_BUDGET, labels)
     per_budget = f"\n/ on({_ID_LABELS}) group_left\n{budget}\n"
-    info = {**labels, "sloth_mode": SLOTH_MODE, "sloth_objective": _percent(slo.objective),
-            "sloth_spec": SLOTH_SPEC, "sloth_version": config.version}
+    info = {**labels, R.LABEL_SLOTH_MODE: SLOTH_MODE,
+            R.LABEL_SLOTH_OBJECTIVE: _percent(slo.objective), R.LABEL_SLOTH_SPEC: SLOTH_SPEC,
+            R.LABEL_SLOTH_VERSION: config.version}
     rules = [
-        ("slo:objective:ratio", f"vector({number(slo.objective)})", labels),
-        ("slo:error_budget:ratio", f"vector({number(error_budget(slo))})", labels),
-        ("slo:time_period:days", f"vector({number(slo.window_s / 86400)})", labels),
-        ("slo:current_burn_rate:ratio", sli_5m + per_budget, labels),
-        ("slo:period_burn_rate:ratio", sli_period + per_budget, labels),
-        ("slo:period_error_budget_remaining:ratio",
-         "1 - " + labels_selector("slo:period_burn_rate:ratio", labels), labels),
-        ("sloth_slo_info", "vector(1)", dict(sorted(info.items()))),
+        (R.RECORD_OBJECTIVE, f"vector({number(slo.objective)})", labels),
+        (R.RECORD_ERROR_BUDGET, f"vector({number(error_budget(slo))})", labels),
+        (R.RECORD_TIME_PERIOD_DAYS, f"vector({number(slo.window_s / 86400)})", labels),
+        (R.RECORD_CURRENT_BURN_RATE, sli_5m + per_budget, labels),
+        (R.RECORD_PERIOD_BURN_RATE, sli_period + per_budget, labels),
+        (R.RECORD_PERIOD_BUDGET_REMAINING,
+         "1 - " + labels_selector(R.RECORD_PERIOD_BURN_RATE, labels), labels),
+        (R.RECORD_SLO_INFO, "vector(1)", dict(sorted(info.items()))),
     ]
-    return {"name": f"sloth-slo-meta-recordings-{labels['sloth_id']}",
+    return {"name": f"sloth-slo-meta-recordings-{labels[R.LABEL_SLOTH_ID]}",
             "rules": [{"record": r, "expr": e, "labels": lb} for r, e, lb in rules]}
 
 
 def _alert_group(slo: SLO, labels: dict, config: RuleConfig) -> dict:
-    return {"name": f"sloth-slo-alerts-{labels['sloth_id']}",
+    return {"name": f"sloth-slo-alerts-{labels[R.LABEL_SLOTH_ID]}",
             "rules": burn_alerts(slo, labels, config)}
 
 
@@ -103,14 +106,14 @@ def _burn_alert(slo: SLO, labels: dict, config: RuleConfig, severity: str) -> di
         "alert": BURN_ALERT,
         "expr": clauses + "\n",
         # The SLO's labels too, so that no two rules look alike to `promtool check rules`.
-        "labels": {"severity": severity, "sloth_severity": severity, **labels},
+        "labels": {"severity": severity, R.LABEL_SLOTH_SEVERITY: severity, **labels},
         "annotations": {
-            "summary": "{{ $labels.sloth_service }} {{ $labels.sloth_slo }} SLO error budget"
-                       f" burn rate is too fast ({severity}).",
+            "summary": f"{label_value(R.LABEL_SLOTH_SERVICE)} {label_value(R.LABEL_SLOTH_SLO)}"
+                       f" SLO error budget burn rate is too fast ({severity}).",
             "description": (
                 f"SLO {slo.name} ({slo.sli}, objective {_percent(slo.objective)}% over"
                 f" {slo.window}) is burning its error budget at more than {conditions}."
-                f" Current burn: {labels_selector('slo:current_burn_rate:ratio', labels)}."),
+                f" Current burn: {labels_selector(R.RECORD_CURRENT_BURN_RATE, labels)}."),
             "runbook_url": config.runbook(BURN_ALERT),
         },
     }
@@ -118,8 +121,8 @@ def _burn_alert(slo: SLO, labels: dict, config: RuleConfig, severity: str) -> di
 
 def _clause(window: BurnWindow, slo: SLO, labels: dict) -> str:
     threshold = f"({number(window.factor(slo.window_s))} * {number(error_budget(slo))})"
-    parts = [f"    max({labels_selector(SLI_RECORD.format(w), labels)} > {threshold})"
-             " without (sloth_window)" for w in (window.short, window.long)]
+    parts = [f"    max({labels_selector(R.RECORD_SLI_ERROR.format(w), labels)} > {threshold})"
+             f" without ({R.LABEL_SLOTH_WINDOW})" for w in (window.short, window.long)]
     return "(\n" + "\n    and\n".join(parts) + "\n)"
 
 

@@ -11,10 +11,8 @@ ambiguous or infeasible for this SLO's objective is left out rather than guessed
 from __future__ import annotations
 
 from alerts.config import RuleConfig
-from alerts.promql import BAD, BUCKET_LABEL, GOOD, RESULT_LABEL, SLO_LABEL
 from alerts.promtool import counter_values, expected_alert, series
-from alerts.slo_rules import (BUCKET_RECORD, BURN_ALERT, SLI_RECORD, burn_alerts, error_budget,
-                              slo_labels)
+from alerts.slo_rules import BURN_ALERT, burn_alerts, error_budget, slo_labels
 from alerts.slo_windows import Scenario, burn_outcome, scenarios
 from observe import registry as R
 from slo.spec import SLO, SLOSpec, parse_duration
@@ -43,7 +41,8 @@ def slo_tests(spec: SLOSpec, config: RuleConfig) -> list[dict]:
 
 def _counter(job: str, slo: SLO, bucket: str, result: str, increments: list[float]) -> dict:
     name = series(R.SLO_REQUESTS.prom_name, job,
-                  **{SLO_LABEL: slo.name, BUCKET_LABEL: bucket, RESULT_LABEL: result})
+                  **{R.LABEL_SLO: slo.name, R.LABEL_CONTEXT_BUCKET: bucket,
+                     R.LABEL_RESULT: result})
     return {"series": name, "values": counter_values(increments)}
 
 
@@ -57,24 +56,24 @@ def _recordings(slo: SLO, labels: dict, job: str) -> dict:
     """Three context buckets: half bad, all bad, all good (no `bad` series at all)."""
     b0, b1, b2 = R.CONTEXT_BUCKETS[:3]
     minutes = 10
-    inputs = [_counter(job, slo, b0, BAD, [PER_SECOND] * minutes),
-              _counter(job, slo, b0, GOOD, [PER_SECOND] * minutes),
-              _counter(job, slo, b1, BAD, [2 * PER_SECOND] * minutes),
-              _counter(job, slo, b2, GOOD, [PER_SECOND] * minutes)]
+    inputs = [_counter(job, slo, b0, R.RESULT_BAD, [PER_SECOND] * minutes),
+              _counter(job, slo, b0, R.RESULT_GOOD, [PER_SECOND] * minutes),
+              _counter(job, slo, b1, R.RESULT_BAD, [2 * PER_SECOND] * minutes),
+              _counter(job, slo, b2, R.RESULT_GOOD, [PER_SECOND] * minutes)]
     ratio = 3 / 5  # (1 + 2) bad per second out of (1 + 1 + 2 + 1)
     budget = error_budget(slo)
-    window = {"sloth_window": SHORT}
-    bucket = BUCKET_RECORD.format(SHORT)
+    window = {R.LABEL_SLOTH_WINDOW: SHORT}
+    bucket = R.RECORD_SLI_ERROR_BY_BUCKET.format(SHORT)
     tests = [
-        _sample(SLI_RECORD.format(SHORT), labels, ratio, **window),
-        _sample(bucket, labels, 0.5, **window, **{BUCKET_LABEL: b0}),
-        _sample(bucket, labels, 1.0, **window, **{BUCKET_LABEL: b1}),
-        _sample(bucket, labels, 0.0, **window, **{BUCKET_LABEL: b2}),
-        _sample("slo:objective:ratio", labels, slo.objective),
-        _sample("slo:error_budget:ratio", labels, budget),
-        _sample("slo:time_period:days", labels, slo.window_s / 86400),
+        _sample(R.RECORD_SLI_ERROR.format(SHORT), labels, ratio, **window),
+        _sample(bucket, labels, 0.5, **window, **{R.LABEL_CONTEXT_BUCKET: b0}),
+        _sample(bucket, labels, 1.0, **window, **{R.LABEL_CONTEXT_BUCKET: b1}),
+        _sample(bucket, labels, 0.0, **window, **{R.LABEL_CONTEXT_BUCKET: b2}),
+        _sample(R.RECORD_OBJECTIVE, labels, slo.objective),
+        _sample(R.RECORD_ERROR_BUDGET, labels, budget),
+        _sample(R.RECORD_TIME_PERIOD_DAYS, labels, slo.window_s / 86400),
         # `group_left` keeps the SLI's `sloth_window`, as in Sloth's own output.
-        _sample("slo:current_burn_rate:ratio", labels, ratio / budget, **window),
+        _sample(R.RECORD_CURRENT_BURN_RATE, labels, ratio / budget, **window),
     ]
     return {"name": f"{slo.name}: SLI, per-bucket SLI and metadata recordings",
             "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
@@ -83,14 +82,16 @@ def _recordings(slo: SLO, labels: dict, job: str) -> dict:
 def _period(slo: SLO, labels: dict, job: str) -> dict:
     """Half of the events bad from the start: every 5m ratio is exactly 0.5."""
     b0 = R.CONTEXT_BUCKETS[0]
-    inputs = [_counter(job, slo, b0, result, [PER_SECOND] * 10) for result in (BAD, GOOD)]
-    period = {"sloth_window": slo.window}
+    inputs = [_counter(job, slo, b0, result, [PER_SECOND] * 10)
+              for result in (R.RESULT_BAD, R.RESULT_GOOD)]
+    period = {R.LABEL_SLOTH_WINDOW: slo.window}
     burn = 0.5 / error_budget(slo)
     tests = [
-        _sample(SLI_RECORD.format(slo.window), labels, 0.5, **period),
-        _sample(BUCKET_RECORD.format(slo.window), labels, 0.5, **period, **{BUCKET_LABEL: b0}),
-        _sample("slo:period_burn_rate:ratio", labels, burn, **period),
-        _sample("slo:period_error_budget_remaining:ratio", labels, 1 - burn, **period),
+        _sample(R.RECORD_SLI_ERROR.format(slo.window), labels, 0.5, **period),
+        _sample(R.RECORD_SLI_ERROR_BY_BUCKET.format(slo.window), labels, 0.5, **period,
+                **{R.LABEL_CONTEXT_BUCKET: b0}),
+        _sample(R.RECORD_PERIOD_BURN_RATE, labels, burn, **period),
+        _sample(R.RECORD_PERIOD_BUDGET_REMAINING, labels, 1 - burn, **period),
     ]
     return {"name": f"{slo.name}: period SLI, period burn rate and remaining budget",
             "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
@@ -99,12 +100,13 @@ def _period(slo: SLO, labels: dict, job: str) -> dict:
 def _all_good(slo: SLO, labels: dict, job: str) -> dict:
     """No bad event ever, hence no `bad` series: the error ratio is 0, not missing."""
     b0 = R.CONTEXT_BUCKETS[0]
-    inputs = [_counter(job, slo, b0, GOOD, [PER_SECOND] * 10)]
-    window, period = {"sloth_window": SHORT}, {"sloth_window": slo.window}
-    tests = [_sample(SLI_RECORD.format(SHORT), labels, 0.0, **window),
-             _sample(SLI_RECORD.format(slo.window), labels, 0.0, **period),
-             _sample(BUCKET_RECORD.format(SHORT), labels, 0.0, **window, **{BUCKET_LABEL: b0}),
-             _sample("slo:period_error_budget_remaining:ratio", labels, 1.0, **period)]
+    inputs = [_counter(job, slo, b0, R.RESULT_GOOD, [PER_SECOND] * 10)]
+    window, period = {R.LABEL_SLOTH_WINDOW: SHORT}, {R.LABEL_SLOTH_WINDOW: slo.window}
+    tests = [_sample(R.RECORD_SLI_ERROR.format(SHORT), labels, 0.0, **window),
+             _sample(R.RECORD_SLI_ERROR.format(slo.window), labels, 0.0, **period),
+             _sample(R.RECORD_SLI_ERROR_BY_BUCKET.format(SHORT), labels, 0.0, **window,
+                     **{R.LABEL_CONTEXT_BUCKET: b0}),
+             _sample(R.RECORD_PERIOD_BUDGET_REMAINING, labels, 1.0, **period)]
     return {"name": f"{slo.name}: no bad event is an error ratio of 0",
             "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
 
@@ -112,8 +114,9 @@ def _all_good(slo: SLO, labels: dict, job: str) -> dict:
 def _idle(slo: SLO, labels: dict, job: str) -> dict:
     """Counters that exist but do not move: no ratio (not NaN) in any window."""
     b0 = R.CONTEXT_BUCKETS[0]
-    inputs = [_counter(job, slo, b0, result, [0.0] * 10) for result in (BAD, GOOD)]
-    tests = [{"expr": SLI_RECORD.format(w), "eval_time": EVAL, "exp_samples": []}
+    inputs = [_counter(job, slo, b0, result, [0.0] * 10)
+              for result in (R.RESULT_BAD, R.RESULT_GOOD)]
+    tests = [{"expr": R.RECORD_SLI_ERROR.format(w), "eval_time": EVAL, "exp_samples": []}
              for w in sli_windows(slo.window_s)]
     return {"name": f"{slo.name}: an idle SLO has no error ratio",
             "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
@@ -129,6 +132,7 @@ def _scenario(scenario: Scenario, slo: SLO, labels: dict, alerts: list[dict],
     expected = [expected_alert(rule, labels) for rule in alerts
                 if rule["labels"]["severity"] in scenario.expect]
     return {"name": f"{slo.name}: {scenario.name}", "interval": "1m",
-            "input_series": [_counter(job, slo, b0, BAD, bad), _counter(job, slo, b0, GOOD, good)],
+            "input_series": [_counter(job, slo, b0, R.RESULT_BAD, bad),
+                             _counter(job, slo, b0, R.RESULT_GOOD, good)],
             "alert_rule_test": [{"eval_time": f"{len(scenario.profile)}m",
                                  "alertname": BURN_ALERT, "exp_alerts": expected}]}

@@ -73,14 +73,14 @@ class RequestMetrics:
 
     def record_request(self, rec: RequestRecord) -> None:
         bucket = rec.context_bucket
-        self._requests.add(1, {"status": rec.status, "context_bucket": bucket,
-                               "priority": rec.priority})
+        self._requests.add(1, {R.LABEL_STATUS: rec.status, R.LABEL_CONTEXT_BUCKET: bucket,
+                               R.LABEL_PRIORITY: rec.priority})
         if rec.error_type:
-            self._errors.add(1, {"error_type": rec.error_type,
-                                 "http_status": str(rec.http_status)})
-        if rec.status != "ok":
+            self._errors.add(1, {R.LABEL_ERROR_TYPE: rec.error_type,
+                                 R.LABEL_HTTP_STATUS: str(rec.http_status)})
+        if rec.status != R.STATUS_OK:
             return  # latency of a failed request would pollute the SLO histograms
-        labels = {"context_bucket": bucket}
+        labels = {R.LABEL_CONTEXT_BUCKET: bucket}
         self._context.record(rec.prompt_tokens)
         for instrument, value in zip(self._latency_instruments(), _latencies(rec)):
             if value is not None:
@@ -99,7 +99,7 @@ class RequestMetrics:
 
     def record_dropped(self, table: str, rows: int) -> None:
         if rows:
-            self._dropped.add(rows, {"table": table})
+            self._dropped.add(rows, {R.LABEL_TABLE: table})
 
 
 def _latencies(rec: RequestRecord) -> tuple:

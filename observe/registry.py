@@ -1,7 +1,8 @@
-"""Every metric, span, attribute and bucket name tailguard uses, defined once.
+"""Every metric, label, span, attribute, bucket and recording-rule name tailguard
+uses, defined once, and the thresholds that the alerts and the dashboards share.
 
 The server, the Prometheus rules, the Grafana dashboards and the docs all import
-from here; `tests/test_registry.py` proves each name is exported as written.
+from here; `tests/test_registry.py` proves each metric is exported as written.
 Prometheus names follow CONTRACT.md. Each instrument is described by its OTel
 name + unit, chosen so that opentelemetry-exporter-prometheus renders exactly the
 contract name (it appends `_seconds` for unit "s" and `_total` for counters).
@@ -20,8 +21,30 @@ CONTEXT_BUCKETS: Final = ("0-1k", "1k-4k", "4k-32k", "32k+")
 BATCH_BUCKET_BOUNDS: Final = (256, 512)
 BATCH_BUCKETS: Final = ("0-256", "256-512", "512+")
 
-PRIORITIES: Final = ("realtime", "batch")
-STATUSES: Final = ("ok", "rejected", "error", "aborted")
+# --- label names of our metrics, and their fixed values --------------------------------
+LABEL_CONTEXT_BUCKET: Final = "context_bucket"  # one of CONTEXT_BUCKETS
+LABEL_STATUS: Final = "status"  # one of STATUSES
+LABEL_PRIORITY: Final = "priority"  # one of PRIORITIES
+LABEL_ERROR_TYPE: Final = "error_type"
+LABEL_HTTP_STATUS: Final = "http_status"
+LABEL_SLO: Final = "slo"  # an SLO's name in the spec
+LABEL_RESULT: Final = "result"  # one of RESULTS
+LABEL_POLICY: Final = "policy"
+LABEL_HORIZON: Final = "horizon"
+LABEL_TABLE: Final = "table"  # a trace-log table
+
+PRIORITY_REALTIME: Final = "realtime"
+PRIORITY_BATCH: Final = "batch"
+PRIORITIES: Final = (PRIORITY_REALTIME, PRIORITY_BATCH)
+STATUS_OK: Final = "ok"
+STATUS_REJECTED: Final = "rejected"  # 4xx: the client's fault
+STATUS_ERROR: Final = "error"  # 5xx: the engine or the server failed
+STATUS_ABORTED: Final = "aborted"  # the client went away
+STATUSES: Final = (STATUS_OK, STATUS_REJECTED, STATUS_ERROR, STATUS_ABORTED)
+# A request's verdict against one SLO (`tailguard_slo_requests_total{result}`).
+RESULT_GOOD: Final = "good"
+RESULT_BAD: Final = "bad"
+RESULTS: Final = (RESULT_GOOD, RESULT_BAD)
 
 
 def _steps(start: float, stop: float, step: float) -> list[float]:
@@ -60,7 +83,7 @@ class MetricDef:
 
 
 def _latency(prom: str, otel: str, what: str, buckets=LATENCY_BUCKETS_S) -> MetricDef:
-    return MetricDef(prom, otel, "s", "histogram", what, ("context_bucket",), buckets)
+    return MetricDef(prom, otel, "s", "histogram", what, (LABEL_CONTEXT_BUCKET,), buckets)
 
 
 TTFT: Final = _latency(
@@ -95,14 +118,14 @@ BATCH_SIZE: Final = MetricDef(
     "Requests carried by each engine step.", (), (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256))
 REQUESTS: Final = MetricDef(
     "tailguard_requests_total", "tailguard.requests", "", "counter",
-    "Requests by outcome.", ("status", "context_bucket", "priority"))
+    "Requests by outcome.", (LABEL_STATUS, LABEL_CONTEXT_BUCKET, LABEL_PRIORITY))
 ERRORS: Final = MetricDef(
     "tailguard_request_errors_total", "tailguard.request.errors", "", "counter",
-    "Failed or rejected requests by error type.", ("error_type", "http_status"))
+    "Failed or rejected requests by error type.", (LABEL_ERROR_TYPE, LABEL_HTTP_STATUS))
 SLO_REQUESTS: Final = MetricDef(
     "tailguard_slo_requests_total", "tailguard.slo.requests", "", "counter",
     "Per-request verdicts against each SLO's context-aware target.",
-    ("slo", "context_bucket", "result"))
+    (LABEL_SLO, LABEL_CONTEXT_BUCKET, LABEL_RESULT))
 KV_CACHE_USAGE: Final = MetricDef(
     "tailguard_kv_cache_usage_ratio", "tailguard_kv_cache_usage_ratio", "1", "gauge",
     "Fraction of the engine's KV-cache blocks in use.")
@@ -114,19 +137,51 @@ WAITING: Final = MetricDef(
     "Requests waiting in the engine's queue (queue depth).")
 POLICY_ACTIVE: Final = MetricDef(
     "tailguard_policy_active", "tailguard_policy_active", "1", "gauge",
-    "1 while a degradation policy is active.", ("policy",))
+    "1 while a degradation policy is active.", (LABEL_POLICY,))
 MEMORY_FORECAST: Final = MetricDef(
     "tailguard_memory_forecast_ratio", "tailguard_memory_forecast_ratio", "1", "gauge",
-    "Forecast KV-cache usage at the given horizon.", ("horizon",))
+    "Forecast KV-cache usage at the given horizon.", (LABEL_HORIZON,))
 TRACE_ROWS_DROPPED: Final = MetricDef(
     "tailguard_trace_rows_dropped_total", "tailguard.trace.rows_dropped", "", "counter",
-    "Trace-log rows dropped because the writer could not keep up or write.", ("table",))
+    "Trace-log rows dropped because the writer could not keep up or write.", (LABEL_TABLE,))
 
 LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
     CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
     RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, TRACE_ROWS_DROPPED,
 )
+
+# --- thresholds the alerts and the dashboards share --------------------------------
+# Memory pressure (SPEC §3; seed 002's memory forecast): KV-cache usage, measured or
+# forecast, above which the degradation policy lowers batch / precision. The
+# operational alerts fire above it; the engine and policy dashboards draw it.
+MEMORY_PRESSURE_RATIO: Final = 0.9
+
+# --- recording rules (Sloth-compatible names) -----------------------------------------
+# `tailguard rules` records every SLO the way Sloth (https://sloth.dev) does, so these
+# names and labels are Sloth's and its Grafana dashboards work unchanged. `{}` is a
+# window: 5m, 1h, ..., the SLO's period.
+RECORD_SLI_ERROR: Final = "slo:sli_error:ratio_rate{}"
+# Ours, not Sloth's: the same SLI per context bucket (labelled LABEL_CONTEXT_BUCKET).
+RECORD_SLI_ERROR_BY_BUCKET: Final = "slo_context_bucket:sli_error:ratio_rate{}"
+RECORD_OBJECTIVE: Final = "slo:objective:ratio"
+RECORD_ERROR_BUDGET: Final = "slo:error_budget:ratio"
+RECORD_TIME_PERIOD_DAYS: Final = "slo:time_period:days"
+RECORD_CURRENT_BURN_RATE: Final = "slo:current_burn_rate:ratio"
+RECORD_PERIOD_BURN_RATE: Final = "slo:period_burn_rate:ratio"
+RECORD_PERIOD_BUDGET_REMAINING: Final = "slo:period_error_budget_remaining:ratio"
+RECORD_SLO_INFO: Final = "sloth_slo_info"
+# Labels of every recorded series: the SLO's id (service-name), service and name.
+LABEL_SLOTH_ID: Final = "sloth_id"
+LABEL_SLOTH_SERVICE: Final = "sloth_service"
+LABEL_SLOTH_SLO: Final = "sloth_slo"
+LABEL_SLOTH_WINDOW: Final = "sloth_window"  # on the SLI recordings
+LABEL_SLOTH_SEVERITY: Final = "sloth_severity"  # on the burn-rate alerts
+# Labels of RECORD_SLO_INFO only.
+LABEL_SLOTH_MODE: Final = "sloth_mode"
+LABEL_SLOTH_OBJECTIVE: Final = "sloth_objective"
+LABEL_SLOTH_SPEC: Final = "sloth_spec"
+LABEL_SLOTH_VERSION: Final = "sloth_version"
 
 # --- spans ---------------------------------------------------------------------------
 SPAN_REQUEST: Final = "llm.request"

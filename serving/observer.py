@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import Mapping
 
+from observe import registry as R
 from observe.metrics import RequestMetrics
 from observe.stats import RequestRecord, WallClock
 from observe.tracing import RequestSpans
@@ -43,8 +44,9 @@ class Observer:
         SLOs expressible in PromQL."""
         bucket = rec.context_bucket
         for name, good in self.judge.judge(rec):
-            self.metrics.slo_requests.add(1, {"slo": name, "context_bucket": bucket,
-                                              "result": "good" if good else "bad"})
+            result = R.RESULT_GOOD if good else R.RESULT_BAD
+            self.metrics.slo_requests.add(1, {R.LABEL_SLO: name, R.LABEL_CONTEXT_BUCKET: bucket,
+                                              R.LABEL_RESULT: result})
 
 
 def _request_id(headers: Mapping[str, str]) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from tailguard.clitools import one_line
+
 
 @click.command("dashboards")
 @click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
@@ -21,7 +23,7 @@ def dashboards(slo_file, out_dir):
     try:
         spec = load_spec(slo_file)
     except SpecError as exc:
-        raise click.UsageError(_one_line(exc))
+        raise click.UsageError(one_line(exc))
     from dashboards.grafana import write_all
 
     try:
@@ -30,7 +32,3 @@ def dashboards(slo_file, out_dir):
         raise click.UsageError(f"cannot write to {out_dir}: {exc.strerror or exc}")
     for path in paths:
         click.echo(str(path))
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from alerts.config import DEFAULT_JOB, DEFAULT_RUNBOOK_BASE
+from tailguard.clitools import one_line
 
 
 @click.command("rules")
@@ -34,14 +35,10 @@ def rules(slo_file, out_dir, job, runbook_base):
         spec = load_spec(slo_file)
         config = RuleConfig(job=job, runbook_base=runbook_base)
     except (SpecError, ValueError) as exc:
-        raise click.UsageError(_one_line(exc))
+        raise click.UsageError(one_line(exc))
     try:
         written = write(spec, Path(out_dir), config, source=slo_file)
     except OSError as exc:
         raise click.UsageError(f"--out {out_dir}: cannot write: {exc.strerror}")
     for path in written:
         click.echo(str(path))
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())

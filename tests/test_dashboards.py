@@ -13,8 +13,6 @@ import pytest
 from click.testing import CliRunner
 
 from dashboards.grafana import DASHBOARDS, build_all, render
-from dashboards.grafana import slo_overview, sloth
-from dashboards.grafana.engine import MEMORY_PRESSURE_RATIO
 from dashboards.grafana.layout import GENERATED, uid_for
 from dashboards.grafana.promql import QUANTILES
 from dashboards.grafana.slo_overview import BURN_RATE_WINDOWS
@@ -205,7 +203,7 @@ def test_latency_panels_show_p50_p95_p99_per_context_bucket(generated):
 
 
 def test_memory_panels_draw_the_90_percent_line(generated):
-    assert MEMORY_PRESSURE_RATIO == 0.9
+    assert R.MEMORY_PRESSURE_RATIO == 0.9
     for name, title in [("engine.json", "KV-cache usage"),
                         ("policies.json", "Memory forecast vs measured KV-cache usage")]:
         defaults = panel(generated[name], title)["fieldConfig"]["defaults"]
@@ -245,17 +243,18 @@ def test_the_slo_panels_read_only_what_the_rules_record(generated):
     read = {m for e in exprs_of(generated["slo-overview.json"])
             for m in re.findall(r"\bslo:[a-z_]+:[a-z_0-9]+", e)}
     assert read <= recorded, f"read but never recorded: {sorted(read - recorded)}"
-    assert {sloth.OBJECTIVE, sloth.PERIOD_BUDGET_REMAINING, sloth.sli_error("3d")} <= read
+    assert {R.RECORD_OBJECTIVE, R.RECORD_PERIOD_BUDGET_REMAINING,
+            R.RECORD_SLI_ERROR.format("3d")} <= read
 
 
-def test_thresholds_and_labels_agree_with_the_rules():
-    try:
-        from alerts.ops_rules import FORECAST_MAX, KV_USAGE_MAX
-        from alerts.promql import BAD
-    except ImportError:
-        pytest.skip("alerts/ does not define its thresholds yet")
-    assert MEMORY_PRESSURE_RATIO == KV_USAGE_MAX == FORECAST_MAX
-    assert slo_overview.BAD == BAD
+def test_thresholds_and_labels_agree_with_the_rules(generated):
+    rules = [rule for group in _rule_groups() for rule in group["rules"]]
+    alerts = {rule["alert"]: rule["expr"] for rule in rules if "alert" in rule}
+    for name in ("TailguardKVCacheNearlyFull", "TailguardMemoryForecastHigh"):
+        assert alerts[name].endswith(f" > {R.MEMORY_PRESSURE_RATIO:g}\n"), name
+    bad = f'{R.LABEL_RESULT}="{R.RESULT_BAD}"'
+    assert any(bad in rule["expr"] for rule in rules if "record" in rule)
+    assert any(bad in e for e in exprs_of(generated["slo-overview.json"]))
 
 
 def _rule_groups() -> list[dict]:

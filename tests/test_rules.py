@@ -12,7 +12,7 @@ import pytest
 
 from alerts import ops_tests
 from alerts.config import RuleConfig
-from alerts.ops_rules import ERROR_STATUS, OPS_ALERTS
+from alerts.ops_rules import OPS_ALERTS
 from alerts.promtool import counter_values, promtool
 from alerts.rules import (GENERATED_MARK, RULES_FILE, TESTS_FILE, render_rules, render_tests,
                           rule_groups, write)
@@ -103,7 +103,7 @@ def test_operational_rules_use_registry_names_and_statuses():
     for metric in (R.E2E, R.REQUESTS, R.KV_CACHE_USAGE, R.MEMORY_FORECAST, R.RUNNING, R.WAITING,
                    R.SLO_REQUESTS):
         assert metric.prom_name in text
-    assert ERROR_STATUS in R.STATUSES
+    assert f'{R.LABEL_STATUS}="{R.STATUS_ERROR}"' in text
 
 
 def test_every_operational_alert_has_a_firing_and_a_silent_case():

@@ -6,12 +6,10 @@ from __future__ import annotations
 from observe import registry as R
 
 from dashboards.grafana.layout import Board
-from dashboards.grafana.panels import buckets_over_time, graph, queries, steps, unit_of
+from dashboards.grafana.panels import (buckets_over_time, graph, legend_of, queries, steps,
+                                       unit_of)
 from dashboards.grafana.promql import bucket_counts, gauge, mean, quantile, rate, summed
 
-# Memory pressure above which the degradation policy lowers batch / precision (SPEC §3,
-# seed 002); drawn on the KV-cache and memory-forecast panels.
-MEMORY_PRESSURE_RATIO = 0.9
 INSTANCE = ("instance",)
 
 
@@ -28,11 +26,8 @@ def build(_spec=None) -> dict:
                                 unit_of(R.BATCH_SIZE), bucket_counts(R.BATCH_SIZE)))
     board.add(_batch_sizes())
     board.row("Requests and errors")
-    board.add(graph("Requests per second by status", R.REQUESTS.description, "reqps",
-                    queries((rate(R.REQUESTS, ("status",)), "{{status}}"))), width=8)
-    board.add(graph("Errors per second by type", R.ERRORS.description, "reqps",
-                    queries((rate(R.ERRORS, ("error_type", "http_status")),
-                             "{{error_type}} ({{http_status}})"))), width=8)
+    board.add(_requests(), width=8)
+    board.add(_errors(), width=8)
     board.add(_dropped_rows(), width=8)
     return board.to_json()
 
@@ -41,7 +36,7 @@ def kv_cache_usage():
     """KV-cache usage per instance, with the memory-pressure line."""
     return graph("KV-cache usage", R.KV_CACHE_USAGE.description, "percentunit",
                  queries((gauge(R.KV_CACHE_USAGE, INSTANCE), "{{instance}}")),
-                 steps((0, "green"), (MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)
+                 steps((0, "green"), (R.MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)
 
 
 def _gauge(metric: R.MetricDef, title: str):
@@ -57,7 +52,18 @@ def _batch_sizes():
                  unit_of(R.BATCH_SIZE), queries(*pairs))
 
 
+def _requests():
+    return graph("Requests per second by status", R.REQUESTS.description, "reqps",
+                 queries((rate(R.REQUESTS, (R.LABEL_STATUS,)), legend_of(R.LABEL_STATUS))))
+
+
+def _errors():
+    legend = f"{legend_of(R.LABEL_ERROR_TYPE)} ({legend_of(R.LABEL_HTTP_STATUS)})"
+    return graph("Errors per second by type", R.ERRORS.description, "reqps",
+                 queries((rate(R.ERRORS, (R.LABEL_ERROR_TYPE, R.LABEL_HTTP_STATUS)), legend)))
+
+
 def _dropped_rows():
-    expr = summed(R.TRACE_ROWS_DROPPED.prom_name, ("table",), fn="increase")
+    expr = summed(R.TRACE_ROWS_DROPPED.prom_name, (R.LABEL_TABLE,), fn="increase")
     return graph("Trace-log rows dropped", R.TRACE_ROWS_DROPPED.description, "short",
-                 queries((expr, "{{table}}")), steps((0, "green"), (1, "red")))
+                 queries((expr, legend_of(R.LABEL_TABLE))), steps((0, "green"), (1, "red")))

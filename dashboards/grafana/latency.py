@@ -8,11 +8,11 @@ from observe import registry as R
 
 from dashboards.grafana.layout import Board, choice_variable
 from dashboards.grafana.panels import (buckets_in_range, buckets_over_time, graph,
-                                       queries, unit_of)
+                                       legend_of, queries, unit_of)
 from dashboards.grafana.promql import (QUANTILES, bucket_counts, matchers,
                                        percentile_legend, quantile, rate, summed)
 
-BUCKET = "context_bucket"
+BUCKET = R.LABEL_CONTEXT_BUCKET  # the label, and the dashboard variable named after it
 SELECTED = matchers(**{BUCKET: "~$" + BUCKET})
 # Panel titles of the latency histograms, in the registry's order.
 TITLES = {
@@ -46,7 +46,7 @@ def build(_spec=None) -> dict:
 
 def _quantiles(metric: R.MetricDef):
     pairs = [(quantile(q, metric, (BUCKET,), SELECTED),
-              f"{percentile_legend(q)} {{{{{BUCKET}}}}}") for q in QUANTILES]
+              f"{percentile_legend(q)} {legend_of(BUCKET)}") for q in QUANTILES]
     return graph(f"{TITLES[metric.prom_name]} P50/P95/P99", metric.description,
                  unit_of(metric), queries(*pairs))
 
@@ -63,4 +63,4 @@ def _context_lengths(board: Board) -> None:
                                unit_of(tokens), in_range))
     board.add(graph("Requests per second by context bucket", R.REQUESTS.description,
                     "reqps", queries((rate(R.REQUESTS, (BUCKET,), SELECTED),
-                                      f"{{{{{BUCKET}}}}}"))), width=24)
+                                      legend_of(BUCKET)))), width=24)

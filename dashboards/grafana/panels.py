@@ -26,6 +26,11 @@ def unit_of(metric: MetricDef) -> str:
     return _UNITS.get(metric.unit, "short")
 
 
+def legend_of(label: str) -> str:
+    """A legend placeholder for the value of `label`: `{{label}}`."""
+    return "{{" + label + "}}"
+
+
 def query(expr: str, legend: str, ref: str = "A", heatmap_format: bool = False):
     """One PromQL target."""
     target = prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).range()

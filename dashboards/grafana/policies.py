@@ -5,12 +5,11 @@ from __future__ import annotations
 
 from observe import registry as R
 
-from dashboards.grafana.engine import MEMORY_PRESSURE_RATIO
 from dashboards.grafana.layout import Board
-from dashboards.grafana.panels import graph, queries, single, states, steps
+from dashboards.grafana.panels import graph, legend_of, queries, single, states, steps
 from dashboards.grafana.promql import gauge
 
-POLICY = ("policy",)
+POLICY = (R.LABEL_POLICY,)
 
 
 def build(_spec=None) -> dict:
@@ -24,7 +23,7 @@ def build(_spec=None) -> dict:
                      steps((0, "green"), (1, "orange"))), width=6)
     board.add(states("Active policies", f"{R.POLICY_ACTIVE.description} Each lane counts "
                      "the instances where the policy is active.",
-                     queries((active, "{{policy}}")),
+                     queries((active, legend_of(R.LABEL_POLICY))),
                      steps((0, "green"), (1, "red"))), width=18)
     board.row("Memory")
     board.add(_forecast(), width=24, height=9)
@@ -32,10 +31,10 @@ def build(_spec=None) -> dict:
 
 
 def _forecast():
-    pairs = [(gauge(R.MEMORY_FORECAST, ("horizon", "instance")),
-              "forecast {{horizon}} {{instance}}"),
+    pairs = [(gauge(R.MEMORY_FORECAST, (R.LABEL_HORIZON, "instance")),
+              f"forecast {legend_of(R.LABEL_HORIZON)} {legend_of('instance')}"),
              (gauge(R.KV_CACHE_USAGE, ("instance",)), "measured {{instance}}")]
     return graph("Memory forecast vs measured KV-cache usage",
                  f"{R.MEMORY_FORECAST.description} The line is the memory-pressure "
                  "threshold of the degradation policy.", "percentunit", queries(*pairs),
-                 steps((0, "green"), (MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)
+                 steps((0, "green"), (R.MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)

@@ -7,19 +7,18 @@ per-context-bucket view of bad events reads `tailguard_slo_requests_total` itsel
 
 from __future__ import annotations
 
-from observe.registry import SLO_REQUESTS
+from observe import registry as R
 from slo.spec import SLO, SLOSpec
 from slo.windows import BURN_WINDOWS
 
 from dashboards.grafana import sloth
 from dashboards.grafana.layout import Board
-from dashboards.grafana.panels import graph, queries, single, steps
+from dashboards.grafana.panels import graph, legend_of, queries, single, steps
 from dashboards.grafana.promql import matchers, rate
 
 # The windows a burn rate is drawn over: the short page window, then every long one.
 BURN_RATE_WINDOWS = ("5m",) + tuple(w.long for w in BURN_WINDOWS)
 PERCENT_DECIMALS = 2  # 99.95% must not round to 100%
-BAD = "bad"  # the `result` of a bad event in tailguard_slo_requests_total (CONTRACT.md)
 
 
 def build(spec: SLOSpec) -> dict:
@@ -36,12 +35,12 @@ def _all_slos(board: Board, service: str) -> None:
     board.row("All SLOs")
     board.add(graph("Error budget remaining", "Share of each SLO's error budget left "
                     "over its period (below 0: overspent).", "percentunit",
-                    queries((sloth.series(sloth.PERIOD_BUDGET_REMAINING, service),
-                             "{{sloth_slo}}")), steps((0, "red"), (0.25, "green"))))
+                    queries((sloth.series(R.RECORD_PERIOD_BUDGET_REMAINING, service),
+                             legend_of(R.LABEL_SLOTH_SLO))), steps((0, "red"), (0.25, "green"))))
     board.add(graph("Burn rate now", "Each SLO's error-budget burn rate over the last "
                     "5 minutes; 1 spends the budget exactly over the period.", "none",
-                    queries((sloth.series(sloth.CURRENT_BURN_RATE, service),
-                             "{{sloth_slo}}")), _burn_steps()))
+                    queries((sloth.series(R.RECORD_CURRENT_BURN_RATE, service),
+                             legend_of(R.LABEL_SLOTH_SLO))), _burn_steps()))
 
 
 def _one_slo(board: Board, service: str, slo: SLO) -> None:
@@ -52,7 +51,7 @@ def _one_slo(board: Board, service: str, slo: SLO) -> None:
     board.add(_burn_rates(service, slo), width=8, height=6)
     board.add(graph("Error budget remaining", f"Share of the {slo.window} error budget "
                     "left.", "percentunit", queries((sloth.series(
-                        sloth.PERIOD_BUDGET_REMAINING, service, slo.name), slo.name)),
+                        R.RECORD_PERIOD_BUDGET_REMAINING, service, slo.name), slo.name)),
                     steps((0, "red"), (0.25, "green"))))
     board.add(_bad_by_bucket(slo))
 
@@ -61,20 +60,21 @@ def _stats(service: str, slo: SLO) -> list:
     def one(name: str, legend: str) -> list:
         return queries((sloth.series(name, service, slo.name), legend))
 
-    attainment = f"1 - {sloth.series(sloth.sli_error(slo.window), service, slo.name)}"
+    period_sli = R.RECORD_SLI_ERROR.format(slo.window)
+    attainment = f"1 - {sloth.series(period_sli, service, slo.name)}"
     meeting = steps((0, "red"), (slo.objective, "green"))
     return [
         single("Objective", slo.description or f"The {slo.sli} objective.",
-               "percentunit", one(sloth.OBJECTIVE, "objective"),
+               "percentunit", one(R.RECORD_OBJECTIVE, "objective"),
                steps((0, "blue"))).decimals(PERCENT_DECIMALS),
         single(f"Attainment ({slo.window})", "Share of good events over the period.",
                "percentunit", queries((attainment, "attainment")),
                meeting).decimals(PERCENT_DECIMALS),
         single("Error budget left", f"Share of the {slo.window} error budget left.",
-               "percentunit", one(sloth.PERIOD_BUDGET_REMAINING, "remaining"),
+               "percentunit", one(R.RECORD_PERIOD_BUDGET_REMAINING, "remaining"),
                steps((0, "red"), (0.25, "orange"), (0.5, "green"))).decimals(1),
         single("Burn rate now", "Error-budget burn rate over the last 5 minutes.",
-               "none", one(sloth.CURRENT_BURN_RATE, "burn rate"), _burn_steps(slo.window_s)),
+               "none", one(R.RECORD_CURRENT_BURN_RATE, "burn rate"), _burn_steps(slo.window_s)),
     ]
 
 
@@ -86,13 +86,14 @@ def _burn_rates(service: str, slo: SLO):
 
 
 def _bad_by_bucket(slo: SLO):
-    by = ("context_bucket",)
-    bad = rate(SLO_REQUESTS, by, matchers(slo=slo.name, result=BAD))
-    events = rate(SLO_REQUESTS, by, matchers(slo=slo.name))
+    by = (R.LABEL_CONTEXT_BUCKET,)
+    this_slo = {R.LABEL_SLO: slo.name}
+    bad = rate(R.SLO_REQUESTS, by, matchers(**this_slo, **{R.LABEL_RESULT: R.RESULT_BAD}))
+    events = rate(R.SLO_REQUESTS, by, matchers(**this_slo))
     return graph("Bad events by context bucket", "Share of this SLO's events judged bad "
                  "against the context-aware target, per context bucket; the line is the "
                  "error budget.", "percentunit", queries((f"{bad} / {events}",
-                                                         "{{context_bucket}}")),
+                                                         legend_of(R.LABEL_CONTEXT_BUCKET))),
                  steps((0, "green"), (round(slo.error_budget, 6), "red")))
 
 
