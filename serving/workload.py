@@ -45,6 +45,8 @@ class Workload:
     max_context: int = 4096
     output_tokens: int = 64
     seed: int = 0
+    prompt_range: tuple[int, int] = CHAT_TOKENS  # tokens of a chat prompt
+
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -75,7 +77,7 @@ class Workload:
         return out
 
     def _prompt_words(self, rng: random.Random) -> int:
-        tokens = rng.randint(*CHAT_TOKENS)
+        tokens = rng.randint(*self.prompt_range)
         if self.scenario == "mixed" and rng.random() < DOCUMENT_SHARE:
             # Documents: log-uniform up to the context, leaving room for the output.
             room = self.max_context - self.output_tokens - 16

@@ -1,0 +1,57 @@
+"""Benchmark: the trace log's example queries (docs/trace-log.md) over 10M requests.
+
+Builds (or reuses with --keep) a synthetic 30-day, 10M-row trace log in SQL, then
+times each example query read-only, best and median of --repeat runs.
+
+    python bench/tracelog_query.py --rows 10000000 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.slo_status import NOW, build  # noqa: E402
+from observe.query import query_file  # noqa: E402
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-log.md"
+
+
+def example_queries() -> list[tuple[str, str]]:
+    """(title, sql) pairs: each ```sql block with the sentence before it."""
+    text = DOC.read_text()
+    pairs = re.findall(r"\n([^\n`]+):\n\n```sql\n(.*?)```", text, re.S)
+    # `now()` in the docs means "now"; the synthetic log ends at NOW.
+    return [(title, sql.replace("now()", f"TIMESTAMPTZ '{NOW.isoformat()}'"))
+            for title, sql in pairs]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--keep", type=Path, help="build here once and reuse")
+    args = ap.parse_args()
+    path = args.keep or Path("/tmp/tailguard-bench-10m.duckdb")
+    if not path.exists():
+        print(f"generated {args.rows:,} rows in {build(path, args.rows):.1f} s")
+    print(f"\n| query ({args.rows:,} rows) | best | median |\n|---|---|---|")
+    for title, sql in example_queries():
+        times = []
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            query_file(path, sql, timeout_s=120)
+            times.append(time.perf_counter() - start)
+        print(f"| {title} | {min(times):.3f} s | {statistics.median(times):.3f} s |")
+    if not args.keep:
+        path.unlink()
+
+
+if __name__ == "__main__":
+    main()
