@@ -75,8 +75,8 @@ def main() -> None:
             status = compute_status(query, spec, NOW)
             times.append(time.perf_counter() - start)
     ttft = status.overall()[0]
-    print(f"| rows | SLOs | windows | groups | status time median (min-max) |")
-    print(f"|---|---|---|---|---|")
+    print("| rows | SLOs | windows | groups | status time median (min-max) |")
+    print("|---|---|---|---|---|")
     print(f"| {args.rows:,} | {len(spec.slos)} | {len(ttft.windows)} | {len(status.slos) // len(spec.slos)}"
           f" | {statistics.median(times):.3f} s ({min(times):.3f}-{max(times):.3f}) |")
     print(f"ttft attainment {ttft.attainment:.4f}, budget remaining {ttft.budget_remaining:.3f}")

@@ -138,9 +138,9 @@ def arrow_batches(spec: TableSpec, columns: dict[str, list], rows: int,
     """
     for start in range(0, rows, chunk_rows):
         arrays = []
-        for (name, sql_type), field in zip(spec.columns, spec.arrow_schema):
+        for (name, sql_type), arrow_field in zip(spec.columns, spec.arrow_schema):
             arrays.append(_column_array(columns[name][start:start + chunk_rows], sql_type,
-                                        field.type))
+                                        arrow_field.type))
             time.sleep(0)
         yield pa.RecordBatch.from_arrays(arrays, schema=spec.arrow_schema)
 

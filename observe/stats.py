@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from observe.registry import batch_bucket, context_bucket
+from observe.registry import PRIORITY_REALTIME, STATUS_OK, batch_bucket, context_bucket
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +116,9 @@ class RequestRecord:
     endpoint: str
     model: str = ""
     stream: bool = False
-    priority: str = "realtime"
+    priority: str = PRIORITY_REALTIME
     trace_id: str = ""
-    status: str = "ok"
+    status: str = STATUS_OK
     http_status: int = 200
     error_type: str | None = None
     error_message: str | None = None

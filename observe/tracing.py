@@ -105,7 +105,7 @@ class RequestSpans:
                 attributes={R.ATTR_REQUEST_ID: rec.request_id, **attrs})
             child.end(end_time=self._clock.epoch_ns(end))
         span.set_attributes(_request_attributes(rec))
-        if rec.status == "error":
+        if rec.status == R.STATUS_ERROR:
             span.set_status(Status(StatusCode.ERROR, rec.error_message or rec.error_type))
         span.end(end_time=self._clock.epoch_ns(rec.end))
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
+from observe import registry as R
+
 # OpenAI's `error.type` per HTTP status.
 _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
@@ -37,7 +39,7 @@ class ApiError(Exception):
     @property
     def outcome(self) -> str:
         """The trace log's `status` column for this error."""
-        return "error" if self.status >= 500 else "rejected"
+        return R.STATUS_ERROR if self.status >= 500 else R.STATUS_REJECTED
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message,

@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 
+from observe import registry as R
 from serving.engine import current_request
 from serving.errors import ApiError, from_exception, from_validation, from_vllm_response
 
@@ -53,7 +54,7 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
         runtime.observer.finish(rec, span)
         return exc.response()
     except ClientGone:
-        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", "aborted")
+        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", R.STATUS_ABORTED)
         runtime.observer.finish(rec, span)
         return None
     except Exception as exc:  # a bug of ours: still a row, still a JSON answer
@@ -90,7 +91,8 @@ async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
                 _stream_error(rec, chunk)
             yield chunk
     except (asyncio.CancelledError, GeneratorExit):
-        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away mid-stream", "aborted")
+        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away mid-stream",
+                 R.STATUS_ABORTED)
         raise
     finally:
         rec.end = time.monotonic()
@@ -105,7 +107,7 @@ def _stream_error(rec, chunk: str) -> None:
     except (ValueError, KeyError, TypeError):
         status, err = 500, {"message": chunk.strip()}
     rec.fail(status, "engine_error" if status >= 500 else "invalid_request",
-             str(err.get("message")), "error" if status >= 500 else "rejected")
+             str(err.get("message")), R.STATUS_ERROR if status >= 500 else R.STATUS_REJECTED)
 
 
 async def _until_disconnect(raw: Request, work):

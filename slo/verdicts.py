@@ -11,6 +11,7 @@ Each SLI is defined once here, in Python (for the server, per request) and in SQ
 
 from __future__ import annotations
 
+from observe import registry as R
 from observe.stats import RequestRecord
 from slo.spec import SLO, SLOSpec
 
@@ -22,14 +23,14 @@ def verdict(slo: SLO, rec: RequestRecord) -> bool | None:
     """True (good), False (bad) or None (not an event for this SLO)."""
     if slo.sli in LATENCY_COLUMNS:
         value = getattr(rec, LATENCY_COLUMNS[slo.sli])
-        if rec.status != "ok" or value is None:
+        if rec.status != R.STATUS_OK or value is None:
             return None
         return value <= slo.target(rec.prompt_tokens)
-    if rec.status == "aborted":
+    if rec.status == R.STATUS_ABORTED:
         return None
     if slo.sli == "availability":
         return not (rec.http_status >= 500 or rec.http_status == 429)
-    return rec.status != "error"
+    return rec.status != R.STATUS_ERROR
 
 
 def event_sql(slo: SLO) -> str:
