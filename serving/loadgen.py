@@ -56,6 +56,8 @@ class Target:
 
 async def run(target: Target, workload: Workload, on_done=None) -> list[Result]:
     arrivals = workload.arrivals()
+    if not arrivals:
+        return []
     rng = random.Random(workload.seed + 1)
     prompts = [prompt_text(a.prompt_words, rng) for a in arrivals]  # before the clock starts
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
