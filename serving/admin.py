@@ -12,7 +12,7 @@ import os
 import secrets
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from observe.query import QueryError
@@ -50,12 +50,16 @@ def check_token(request: Request, token: str) -> None:
 
 
 def create_admin_router(runtime) -> APIRouter:
-    router = APIRouter(prefix="/admin")
+    """Every route needs the token; a refusal is an `ApiError` the app renders."""
+
+    def require_token(request: Request) -> None:
+        check_token(request, runtime.admin_token)
+
+    router = APIRouter(prefix="/admin", dependencies=[Depends(require_token)])
 
     @router.post("/query")
     async def query(request: Request):
         try:
-            check_token(request, runtime.admin_token)
             body = await request.json()
             sql = body.get("sql") if isinstance(body, dict) else None
             if not isinstance(sql, str) or not sql.strip():
@@ -72,21 +76,13 @@ def create_admin_router(runtime) -> APIRouter:
                              "rows": [[_jsonable(v) for v in row] for row in result.rows]})
 
     @router.get("/slo")
-    async def slo(request: Request):
+    async def slo():
         """Attainment, budget and burn rates of every SLO, from the trace log."""
-        try:
-            check_token(request, runtime.admin_token)
-        except ApiError as exc:
-            return exc.response()
         return JSONResponse(await asyncio.to_thread(_slo_status, runtime))
 
     @router.post("/flush")
-    async def flush(request: Request):
+    async def flush():
         """Write buffered trace rows now (tests and scripts that read right after)."""
-        try:
-            check_token(request, runtime.admin_token)
-        except ApiError as exc:
-            return exc.response()
         await asyncio.to_thread(runtime.tracelog.flush)
         return JSONResponse(runtime.tracelog.stats())
 

@@ -71,6 +71,10 @@ def create_app(runtime: Runtime) -> FastAPI:
         body = generate_latest(runtime.metrics_export.registry)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
+    @app.exception_handler(ApiError)
+    async def refused(_: Request, exc: ApiError):
+        return exc.response()
+
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):
         return ApiError(400, "validation_error", str(exc)).response()

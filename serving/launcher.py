@@ -51,21 +51,8 @@ class Launcher:
                "--port", str(self.port), "--db", self.db, *self.serve_args]
         process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
         self.children.append(process)
-        self._wait_ready(process, log)
+        wait_ready(self.url, process, log)
         return log
-
-    def _wait_ready(self, process: subprocess.Popen, log: Path) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise LaunchError(f"the server exited ({process.returncode}); see {log}")
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        raise LaunchError(f"the server was not ready in {READY_TIMEOUT_S}s; see {log}")
 
     def start_console(self) -> None:
         env = dict(os.environ, TAILGUARD_URL=self.url)
@@ -96,6 +83,22 @@ class Launcher:
                 child.kill()
                 codes.append(child.wait())
         return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
+
+
+def wait_ready(url: str, process: subprocess.Popen, log: Path,
+               timeout_s: float = READY_TIMEOUT_S) -> None:
+    """Poll `url`/readyz until 200; LaunchError if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise LaunchError(f"the server exited ({process.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(url + "/readyz", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise LaunchError(f"the server was not ready in {timeout_s:g}s; see {log}")
 
 
 def console_command(port: int, host: str = "127.0.0.1") -> list[str]:

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,19 +66,13 @@ def start_server(tmp: Path, *extra: str) -> Server:
 
 
 def _wait_ready(server: Server) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"server exited:\n{server.log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(server.url + "/readyz", timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    server.process.kill()
-    raise RuntimeError(f"server not ready in {STARTUP_TIMEOUT_S}s:\n{server.log.read_text()[-4000:]}")
+    from serving.launcher import LaunchError, wait_ready
+
+    try:
+        wait_ready(server.url, server.process, server.log, STARTUP_TIMEOUT_S)
+    except LaunchError as exc:
+        server.process.kill()
+        raise RuntimeError(f"{exc}:\n{server.log.read_text()[-4000:]}") from None
 
 
 def stop_server(server: Server) -> None:
