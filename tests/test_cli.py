@@ -121,3 +121,19 @@ def test_model_is_deterministic(tmp_path):
     assert tailguard("model", "init", str(b)).returncode == 0
     for name in ("model.safetensors", "tokenizer.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_serve_refuses_a_bad_slo_spec_with_its_line(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("slos:\n  - name: x\n    sli: ttft\n    objective: 2\n")
+    out = tailguard("serve", "--slo", str(spec))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert f"{spec}:4: slos[0].objective" in out.stderr
+
+
+def test_slo_status_on_a_file(trace_file):
+    out = tailguard("slo", "status", "--db", str(trace_file), "--format", "json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    names = [s["name"] for s in data["slos"] if not s["group"]]
+    assert names == ["ttft", "first_token_health", "tpot", "e2e", "availability", "error_rate"]
