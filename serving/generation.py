@@ -21,6 +21,7 @@ from serving.errors import ApiError, from_exception, from_validation, from_vllm_
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's code for "client closed request"
+STREAM_ERROR_PREFIX = 'data: {"error"'  # how vLLM reports a failure inside a started stream
 
 
 class ClientGone(Exception):
@@ -87,7 +88,7 @@ async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
     current_request.set(rec)  # this generator runs in the response task's context
     try:
         async for chunk in chunks:
-            if '"error"' in chunk and chunk.startswith("data: {\"error\""):
+            if chunk.startswith(STREAM_ERROR_PREFIX):
                 _stream_error(rec, chunk)
             yield chunk
     except (asyncio.CancelledError, GeneratorExit):
