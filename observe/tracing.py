@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
+from functools import lru_cache
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -24,6 +25,12 @@ from observe.stats import RequestRecord, StepRecord, WallClock
 _PROPAGATOR = TraceContextTextMapPropagator()
 
 
+@lru_cache(maxsize=16384)
+def _span_hex(span_id: int) -> str:
+    """A request span is linked from every step of its batch: format its id once."""
+    return format(span_id, "016x")
+
+
 def _ts(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
 
@@ -33,7 +40,7 @@ def span_row(span: ReadableSpan) -> dict:
     ctx, parent = span.context, span.parent
     attributes = dict(span.attributes or {})
     if span.links:
-        attributes["links"] = [format(link.context.span_id, "016x") for link in span.links]
+        attributes["links"] = [_span_hex(link.context.span_id) for link in span.links]
     return {
         "trace_id": format(ctx.trace_id, "032x"),
         "span_id": format(ctx.span_id, "016x"),
