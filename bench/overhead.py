@@ -159,17 +159,22 @@ class CpuMeter:
         return {"foreign": max(0.0, foreign) / wall, "server_cpu_s": mine - self._o[0]}
 
 
+async def _generate(engine, prompt, params, request_id: str) -> tuple[float | None, int]:
+    """One request, the same loop on both sides: (first-token time, output tokens)."""
+    first, n = None, 0
+    async for out in engine.generate({"prompt_token_ids": prompt}, params, request_id):
+        n = len(out.outputs[0].token_ids)
+        if n and first is None:
+            first = time.monotonic()
+    return first, n
+
+
 async def batch_bare(engine, prompts, params) -> dict:
     """N concurrent bare `AsyncLLM.generate()` calls."""
     t0 = time.monotonic()
 
     async def one(prompt) -> tuple[float, int]:
-        first, n = None, 0
-        async for out in engine.generate({"prompt_token_ids": prompt}, params,
-                                         f"cmpl-{uuid.uuid4().hex}-0"):
-            n = len(out.outputs[0].token_ids)
-            if n and first is None:
-                first = time.monotonic()
+        first, n = await _generate(engine, prompt, params, f"cmpl-{uuid.uuid4().hex}-0")
         return first - t0, n
 
     results = await asyncio.gather(*(one(p) for p in prompts))
@@ -191,12 +196,7 @@ async def batch_observed(runtime, prompts, params, cpu: dict) -> dict:
         rec, span = begin("text_completion", {})
         current_request.set(rec)  # each gather() task runs in its own context copy
         rec.model = model_name
-        first, n = None, 0
-        async for out in engine.generate({"prompt_token_ids": prompt}, params,
-                                         f"cmpl-{rec.request_id}-0"):
-            n = len(out.outputs[0].token_ids)
-            if n and first is None:
-                first = time.monotonic()
+        first, n = await _generate(engine, prompt, params, f"cmpl-{rec.request_id}-0")
         finish(rec, span)
         # every generated token needs a step: fewer credited steps = lost datagrams
         return first - t0, n, rec.status != "ok", rec.tally.steps >= n
