@@ -74,6 +74,13 @@ REQUESTS: Final = TableSpec("requests", (
     ("iterations", "INTEGER"), ("avg_iter_s", "DOUBLE"), ("preemptions", "INTEGER"),
     ("slo_ttft_target_s", "DOUBLE"), ("slo_ok", "BOOLEAN"), ("policy_actions", "VARCHAR[]"),
     ("tokenize_s", "DOUBLE"),
+    # The load at admission (the predictor's inputs) and the prediction made then.
+    ("queue_depth", "INTEGER"), ("running_requests", "INTEGER"), ("kv_cache_usage", "DOUBLE"),
+    ("recent_step_s", "DOUBLE"), ("pending_requests", "INTEGER"),
+    ("pending_prefill_tokens", "BIGINT"),
+    ("predicted_ttft_s", "DOUBLE"), ("predicted_ttft_p90_s", "DOUBLE"),
+    ("predicted_tpot_s", "DOUBLE"), ("predicted_tpot_p90_s", "DOUBLE"),
+    ("predicted_e2e_s", "DOUBLE"), ("predictor_version", "VARCHAR"),
 ))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),
@@ -85,7 +92,7 @@ ENGINE_STATS: Final = TableSpec("engine_stats", (
     ("kv_cache_usage", "DOUBLE"), ("preemptions", "BIGINT"), ("prompt_tokens", "BIGINT"),
     ("generation_tokens", "BIGINT"), ("steps", "BIGINT"), ("mean_batch_size", "DOUBLE"),
     ("max_batch_size", "INTEGER"), ("mean_step_s", "DOUBLE"), ("mean_sampling_s", "DOUBLE"),
-    ("finished", "BIGINT"),
+    ("finished", "BIGINT"), ("rss_bytes", "BIGINT"),
 ))
 POLICY_EVENTS: Final = TableSpec("policy_events", (
     ("ts", "TIMESTAMPTZ"), ("policy", "VARCHAR"), ("from_state", "VARCHAR"),

@@ -106,6 +106,49 @@ class SamplingTally:
         self.sampling_s += sampling_s
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionLoad:
+    """The engine's load as the server saw it when a request was admitted: what the
+    latency predictor knows besides the request's own shape, kept on the row so a
+    model can be trained (and its accuracy judged) from the trace log alone."""
+
+    queue_depth: int  # the engine's waiting requests
+    running_requests: int
+    kv_cache_usage: float
+    recent_step_s: float  # moving average of engine step time
+    pending_requests: int  # admitted before this one, no first token yet
+    pending_prefill_tokens: int  # their prompt tokens: prefill work ahead of this one
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyPrediction:
+    """A request's latency as predicted at admission (seconds)."""
+
+    ttft_s: float
+    ttft_p90_s: float
+    tpot_s: float
+    tpot_p90_s: float
+    e2e_s: float  # for its max_tokens
+    version: str  # which model: a trained model's id, or the seed formula
+
+
+_NO_LOAD: dict = dict.fromkeys(AdmissionLoad.__slots__)
+_NO_PREDICTION: dict = {f"predicted_{name}" if name != "version" else "predictor_version": None
+                        for name in LatencyPrediction.__slots__}
+
+
+def _load_columns(load: AdmissionLoad | None) -> dict:
+    return _NO_LOAD if load is None else {n: getattr(load, n) for n in AdmissionLoad.__slots__}
+
+
+def _prediction_columns(pred: LatencyPrediction | None) -> dict:
+    if pred is None:
+        return _NO_PREDICTION
+    return {"predicted_ttft_s": pred.ttft_s, "predicted_ttft_p90_s": pred.ttft_p90_s,
+            "predicted_tpot_s": pred.tpot_s, "predicted_tpot_p90_s": pred.tpot_p90_s,
+            "predicted_e2e_s": pred.e2e_s, "predictor_version": pred.version}
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """One request's whole trajectory: a row of `requests`, the source of its spans
@@ -133,6 +176,8 @@ class RequestRecord:
     slo_ttft_target_s: float | None = None
     slo_ok: bool | None = None
     policy_actions: list[str] = field(default_factory=list)
+    load: AdmissionLoad | None = None
+    prediction: LatencyPrediction | None = None
 
     @property
     def context_bucket(self) -> str:
@@ -193,6 +238,7 @@ class RequestRecord:
             "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
             "policy_actions": list(self.policy_actions),
             "tokenize_s": self.tokenize_s,
+            **_load_columns(self.load), **_prediction_columns(self.prediction),
         }
 
 
@@ -229,6 +275,7 @@ class EngineSnapshot:
     mean_step_s: float | None
     mean_sampling_s: float | None
     finished: int
+    rss_bytes: int | None = None  # resident memory of the server and its engine processes
 
     def row(self, clock: WallClock) -> dict:
         row = {name: getattr(self, name) for name in self.__slots__ if name != "ts"}

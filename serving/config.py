@@ -17,10 +17,13 @@ ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"
 ENV_FLUSH_S = "TAILGUARD_TRACE_FLUSH_S"
 ENV_MAX_BODY = "TAILGUARD_MAX_BODY_BYTES"
 ENV_MAX_N = "TAILGUARD_MAX_N"
+ENV_MODEL_DIR = "TAILGUARD_MODEL_DIR"
+ENV_RETRAIN_S = "TAILGUARD_RETRAIN_S"
 
 DEFAULT_DB = "tailguard.duckdb"
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_MAX_N = 8
+DEFAULT_RETRAIN_S = 600.0
 
 
 def _env(name: str, default, cast=str):
@@ -45,6 +48,8 @@ class ServerConfig:
     max_body_bytes: int | None = None
     max_n: int | None = None
     slo_file: str | None = None
+    model_dir: str | None = None  # trained predictor/forecaster; default beside the DB
+    retrain_interval_s: float | None = None  # 0 turns retraining off
     vllm_args: list[str] = field(default_factory=list)
     spec: SLOSpec = field(init=False)
 
@@ -54,6 +59,9 @@ class ServerConfig:
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
         self.max_n = self.max_n or _env(ENV_MAX_N, DEFAULT_MAX_N, int)
+        self.model_dir = self.model_dir or _env(ENV_MODEL_DIR, f"{self.db}.models")
+        if self.retrain_interval_s is None:
+            self.retrain_interval_s = _env(ENV_RETRAIN_S, DEFAULT_RETRAIN_S, float)
         if not Path(self.model, "config.json").is_file():
             raise ValueError(f"model: {self.model} is not a Hugging Face model directory "
                              "(no config.json)")
@@ -65,6 +73,16 @@ class ServerConfig:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.max_n < 1:
             raise ValueError("max_n must be at least 1")
+        if self.retrain_interval_s < 0:
+            raise ValueError("retrain_interval_s must be >= 0 (0 turns retraining off)")
+
+    @property
+    def predictor_path(self) -> Path:
+        return Path(self.model_dir, "latency.pkl")
+
+    @property
+    def forecaster_path(self) -> Path:
+        return Path(self.model_dir, "memory-forecast.pkl")
 
     @property
     def model_name(self) -> str:

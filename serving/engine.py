@@ -42,8 +42,11 @@ def vllm_namespace(model: str, served_name: str | None, extra: list[str]) -> Nam
 
 def start_engine(args: Namespace, stat_loggers: list) -> object:
     """Create the `AsyncLLM` (its engine core runs in a child process)."""
-    for key, value in CPU_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    # vLLM's CPU platform lets this legacy variable override an explicit
+    # --kv-cache-memory-bytes, so it is only a default when that flag is absent.
+    if getattr(args, "kv_cache_memory_bytes", None) is None:
+        for key, value in CPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -59,10 +62,11 @@ class ObservedEngine:
     """Delegates to an `AsyncLLM`; `generate()` also fills the current request's
     record: token counts, finish reason, first-token time and the engine's stamps."""
 
-    def __init__(self, engine, ledger: StepLedger, clock: WallClock):
+    def __init__(self, engine, ledger: StepLedger, clock: WallClock, admission=None):
         self._engine = engine
         self._ledger = ledger
         self._clock = clock
+        self._admission = admission
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -76,21 +80,37 @@ class ObservedEngine:
                 yield out
             return
         rec.max_tokens = getattr(sampling_params, "max_tokens", rec.max_tokens)
+        prompt_tokens = _prompt_length(prompt)
+        if self._admission is not None:
+            self._admission.admit(rec, prompt_tokens, rec.max_tokens)
         self._ledger.track(request_id, rec.tally, rec.request_id)
         deltas = _is_delta(sampling_params)
-        last, tokens = None, 0
+        last, tokens, pending = None, 0, self._admission is not None
         try:
             async for last in self._engine.generate(prompt, sampling_params, request_id,
                                                     *args, **kwargs):
                 new = sum(len(o.token_ids) for o in last.outputs)
                 if new and rec.first_token is None:
                     rec.first_token = time.monotonic()
+                if new and pending:
+                    pending = False
+                    self._admission.release(prompt_tokens)
                 tokens = tokens + new if deltas else new
                 yield last
         finally:
+            if pending:
+                self._admission.release(prompt_tokens)
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 _absorb(rec, last, tokens, self._clock)
+
+
+def _prompt_length(prompt) -> int:
+    """Prompt tokens of what vLLM's serving classes hand the engine: a tokenized
+    prompt dict (or an `EngineCoreRequest`); 0 when it is not tokenized yet."""
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else getattr(
+        prompt, "prompt_token_ids", None)
+    return len(ids) if ids is not None else 0
 
 
 def _is_delta(sampling_params) -> bool:

@@ -46,7 +46,7 @@ class EngineSecond:
             self.step_s += step.duration_s
             self.sampling_s += step.sampling_s
 
-    def take(self, now: float | None = None) -> EngineSnapshot:
+    def take(self, now: float | None = None, rss_bytes: int | None = None) -> EngineSnapshot:
         with self._lock:
             # Without the step probe (e.g. a remote engine) fall back to vLLM's count.
             steps = self.steps or self.iterations
@@ -60,7 +60,7 @@ class EngineSecond:
                 max_batch_size=self.max_batch,
                 mean_step_s=self.step_s / self.steps if self.steps else None,
                 mean_sampling_s=self.sampling_s / self.steps if self.steps else None,
-                finished=self.finished)
+                finished=self.finished, rss_bytes=rss_bytes)
             self._reset()
         return snap
 

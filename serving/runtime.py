@@ -16,10 +16,13 @@ from observe.stats import WallClock
 from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
 from serving.admin import resolve_admin_token
+from serving.admission import Admission
 from serving.config import ServerConfig
 from serving.engine import ObservedEngine, start_engine, vllm_namespace
 from serving.engine_stats import EngineSecond, stat_logger_factory
+from serving.load import LoadTracker, resident_bytes
 from serving.observer import Observer
+from serving.prediction import PredictionService
 from serving.steps import StepLedger
 from serving.warmup import warm_up
 
@@ -48,7 +51,12 @@ class Runtime:
         self.spans = RequestSpans(self.tracer_provider, self.clock)
         self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec)
         self.second = EngineSecond()
-        self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step])
+        self.load = LoadTracker(self.second)
+        self.predictor = PredictionService(self.tracelog, config.predictor_path,
+                                           config.retrain_interval_s)
+        self.admission = Admission(self.load, self.predictor)
+        self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
+                                  self.load.on_step])
         self.admin_token, self.admin_token_source = resolve_admin_token(
             config.db, config.admin_token_file)
         self.handle: EngineHandle | None = None
@@ -71,8 +79,10 @@ class Runtime:
         model_config = engine.model_config
         self.warmup = await warm_up(engine, model_config.max_model_len,
                                     model_config.get_vocab_size())
-        self.handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock), args)
+        self.handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
+                                                             self.admission), args)
         self._ticker = asyncio.create_task(self._tick_engine_seconds())
+        self.predictor.start()
         log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
                  self.config.db)
 
@@ -80,7 +90,7 @@ class Runtime:
         """Once a second: an `engine_stats` row and the engine gauges."""
         while True:
             await asyncio.sleep(1.0)
-            snap = self.second.take()
+            snap = self.second.take(rss_bytes=resident_bytes())
             self.metrics.record_engine(snap)
             self.tracelog.add("engine_stats", snap.row(self.clock))
             self._report_dropped()
@@ -92,6 +102,7 @@ class Runtime:
             self._dropped_seen[table] = total
 
     async def stop(self) -> None:
+        self.predictor.stop()
         if self._ticker:
             self._ticker.cancel()
         if self.handle:

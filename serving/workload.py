@@ -10,6 +10,10 @@ waits on the server (open loop: a slow server does not slow the offered load).
   burst test);
 - mixed: steady arrivals with bimodal lengths, 70% chat (200-500 prompt tokens) and
   30% documents (up to the model's context).
+- diurnal: a day compressed into `period_s`: the rate swings between 10% and 100% of
+  the target on a cosine, with 3x bursts of 15 s at random moments, mixed lengths and
+  max_tokens from 8 to twice `output_tokens` (what the predictor and the memory
+  forecaster train on).
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ import math
 import random
 from dataclasses import dataclass
 
-SCENARIOS = ("steady", "ramp", "burst", "mixed")
+SCENARIOS = ("steady", "ramp", "burst", "mixed", "diurnal")
+MIXED_LENGTHS = ("mixed", "diurnal")
+DIURNAL_FLOOR = 0.1
+BURST_S = 15.0
+BURSTS_PER_PERIOD = 2
 CHAT_TOKENS = (200, 500)
 DOCUMENT_SHARE = 0.3
 # Common English words: one token each for the embedded tokenizer (measured), about
@@ -46,7 +54,7 @@ class Workload:
     output_tokens: int = 64
     seed: int = 0
     prompt_range: tuple[int, int] = CHAT_TOKENS  # tokens of a chat prompt
-
+    period_s: float = 600.0  # diurnal: one compressed day
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -55,32 +63,50 @@ class Workload:
             raise ValueError("rate, duration and max_requests must be positive")
         if self.max_context < 2 * self.output_tokens:
             raise ValueError("max_context is too small for the output tokens")
+        if not self.period_s > 0:
+            raise ValueError("period_s must be positive")
 
     def rate_at(self, t: float) -> float:
         if self.scenario == "ramp":
             return self.rate * t / self.duration_s
         if self.scenario == "burst" and self.duration_s / 3 <= t < 2 * self.duration_s / 3:
             return 3 * self.rate
+        if self.scenario == "diurnal":
+            day = DIURNAL_FLOOR + (1 - DIURNAL_FLOOR) * (1 - math.cos(2 * math.pi * t
+                                                                      / self.period_s)) / 2
+            surge = any(start <= t < start + BURST_S for start in self._burst_starts())
+            return self.rate * day * (3 if surge else 1)
         return self.rate
+
+    def _burst_starts(self) -> list[float]:
+        rng = random.Random(self.seed + 7)
+        count = max(1, round(BURSTS_PER_PERIOD * self.duration_s / self.period_s))
+        return sorted(rng.uniform(0, self.duration_s) for _ in range(count))
 
     def arrivals(self) -> list[Arrival]:
         """Poisson arrivals by thinning against the peak rate (exact for any shape)."""
         rng = random.Random(self.seed)
-        peak = 3 * self.rate if self.scenario == "burst" else self.rate
+        peak = 3 * self.rate if self.scenario in ("burst", "diurnal") else self.rate
         out, t = [], 0.0
         while len(out) < self.max_requests:
             t += rng.expovariate(peak)
             if t >= self.duration_s:
                 break
             if rng.random() * peak <= self.rate_at(t):
-                out.append(Arrival(t, self._prompt_words(rng), self.output_tokens))
+                out.append(Arrival(t, self._prompt_words(rng), self._max_tokens(rng)))
         return out
+
+    def _max_tokens(self, rng: random.Random) -> int:
+        if self.scenario != "diurnal":
+            return self.output_tokens
+        return int(math.exp(rng.uniform(math.log(8), math.log(2 * self.output_tokens))))
 
     def _prompt_words(self, rng: random.Random) -> int:
         tokens = rng.randint(*self.prompt_range)
-        if self.scenario == "mixed" and rng.random() < DOCUMENT_SHARE:
+        if self.scenario in MIXED_LENGTHS and rng.random() < DOCUMENT_SHARE:
             # Documents: log-uniform up to the context, leaving room for the output.
-            room = self.max_context - self.output_tokens - 16
+            longest = 2 * self.output_tokens if self.scenario == "diurnal" else self.output_tokens
+            room = self.max_context - longest - 16
             tokens = int(math.exp(rng.uniform(math.log(CHAT_TOKENS[1]), math.log(room))))
         return max(1, int(tokens / TOKENS_PER_WORD))
 

@@ -39,9 +39,14 @@ def model_init(directory):
 @click.option("--flush-interval", type=click.FloatRange(0.01, 60), help="Trace flush period, s.")
 @click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
               help="SLO spec YAML (default: the one shipped with tailguard).")
+@click.option("--model-dir", type=click.Path(file_okay=False),
+              help="Where the trained latency/memory models live (default: DB + '.models').")
+@click.option("--retrain-interval", type=click.FloatRange(min=0),
+              help="Seconds between latency-model retrains from the trace log "
+                   "(default: $TAILGUARD_RETRAIN_S or 600; 0: never).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
-          slo_file, vllm_args):
+          slo_file, model_dir, retrain_interval, vllm_args):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -56,7 +61,8 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
         config = ServerConfig(
             model=model_path, served_model_name=served_model_name,
             host=host, port=port, db=db, admin_token_file=admin_token_file,
-            flush_interval_s=flush_interval, slo_file=slo_file, vllm_args=list(vllm_args))
+            flush_interval_s=flush_interval, slo_file=slo_file, model_dir=model_dir,
+            retrain_interval_s=retrain_interval, vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.server import run
