@@ -80,6 +80,21 @@ def create_admin_router(runtime) -> APIRouter:
         """Attainment, budget and burn rates of every SLO, from the trace log."""
         return JSONResponse(await asyncio.to_thread(_slo_status, runtime))
 
+    @router.get("/models")
+    async def models():
+        """The live latency predictor and memory forecaster, and how they scored."""
+        return JSONResponse({"latency": runtime.predictor.describe(),
+                             "memory": runtime.forecast.describe()})
+
+    @router.post("/models/{name}/retrain")
+    async def retrain(name: str):
+        """Retrain the latency model / re-run the forecaster backtest now."""
+        jobs = {"latency": runtime.predictor.retrain, "memory": runtime.forecast.reselect}
+        if name not in jobs:
+            return ApiError(404, "not_found", f"no model {name!r}; one of: latency, memory"
+                            ).response()
+        return JSONResponse(await asyncio.to_thread(jobs[name]))
+
     @router.post("/flush")
     async def flush():
         """Write buffered trace rows now (tests and scripts that read right after)."""

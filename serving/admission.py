@@ -7,6 +7,8 @@ lanes) belong here too, since this is the last point before the engine.
 
 from __future__ import annotations
 
+import time
+
 from observe import registry as R
 from observe.stats import RequestRecord
 from serving.load import LoadTracker
@@ -24,8 +26,9 @@ class Admission:
         load = self.load.admit(prompt_tokens)
         if rec.load is None:
             rec.load = load
-            rec.prediction = self.predictor.predict(prompt_tokens, max_tokens, load,
-                                                    rec.priority == R.PRIORITY_BATCH)
+            rec.prediction = self.predictor.predict(
+                prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH,
+                time.monotonic() - rec.arrival)
 
     def release(self, prompt_tokens: int) -> None:
         """The request has its first token, or left without one."""

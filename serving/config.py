@@ -19,11 +19,13 @@ ENV_MAX_BODY = "TAILGUARD_MAX_BODY_BYTES"
 ENV_MAX_N = "TAILGUARD_MAX_N"
 ENV_MODEL_DIR = "TAILGUARD_MODEL_DIR"
 ENV_RETRAIN_S = "TAILGUARD_RETRAIN_S"
+ENV_RESELECT_S = "TAILGUARD_FORECAST_RESELECT_S"
 
 DEFAULT_DB = "tailguard.duckdb"
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_MAX_N = 8
 DEFAULT_RETRAIN_S = 600.0
+DEFAULT_RESELECT_S = 1800.0
 
 
 def _env(name: str, default, cast=str):
@@ -50,6 +52,7 @@ class ServerConfig:
     slo_file: str | None = None
     model_dir: str | None = None  # trained predictor/forecaster; default beside the DB
     retrain_interval_s: float | None = None  # 0 turns retraining off
+    reselect_interval_s: float | None = None  # memory-forecaster backtests; 0: never
     vllm_args: list[str] = field(default_factory=list)
     spec: SLOSpec = field(init=False)
 
@@ -62,6 +65,8 @@ class ServerConfig:
         self.model_dir = self.model_dir or _env(ENV_MODEL_DIR, f"{self.db}.models")
         if self.retrain_interval_s is None:
             self.retrain_interval_s = _env(ENV_RETRAIN_S, DEFAULT_RETRAIN_S, float)
+        if self.reselect_interval_s is None:
+            self.reselect_interval_s = _env(ENV_RESELECT_S, DEFAULT_RESELECT_S, float)
         if not Path(self.model, "config.json").is_file():
             raise ValueError(f"model: {self.model} is not a Hugging Face model directory "
                              "(no config.json)")
@@ -73,8 +78,8 @@ class ServerConfig:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.max_n < 1:
             raise ValueError("max_n must be at least 1")
-        if self.retrain_interval_s < 0:
-            raise ValueError("retrain_interval_s must be >= 0 (0 turns retraining off)")
+        if self.retrain_interval_s < 0 or self.reselect_interval_s < 0:
+            raise ValueError("retrain and reselect intervals must be >= 0 (0: never)")
 
     @property
     def predictor_path(self) -> Path:

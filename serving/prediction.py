@@ -45,11 +45,11 @@ class PredictionService:
         return SeedModel()
 
     def predict(self, prompt_tokens: int, max_tokens: int | None, load: AdmissionLoad,
-                batch: bool) -> LatencyPrediction:
+                batch: bool, tokenize_s: float = 0.0) -> LatencyPrediction:
         model = self.model  # one model for the whole prediction, even mid-swap
         max_tokens = max_tokens or 16
         ttft, ttft90, tpot, tpot90 = model.predict(
-            feature_vector(prompt_tokens, max_tokens, load, batch)).tolist()
+            feature_vector(prompt_tokens, max_tokens, load, batch, tokenize_s)).tolist()
         return LatencyPrediction(ttft, ttft90, tpot, tpot90, e2e_s(ttft, tpot, max_tokens),
                                  model.version)
 

@@ -20,6 +20,7 @@ from serving.admission import Admission
 from serving.config import ServerConfig
 from serving.engine import ObservedEngine, start_engine, vllm_namespace
 from serving.engine_stats import EngineSecond, stat_logger_factory
+from serving.forecasting import ForecastService
 from serving.load import LoadTracker, resident_bytes
 from serving.observer import Observer
 from serving.prediction import PredictionService
@@ -55,6 +56,9 @@ class Runtime:
         self.predictor = PredictionService(self.tracelog, config.predictor_path,
                                            config.retrain_interval_s)
         self.admission = Admission(self.load, self.predictor)
+        self.forecast = ForecastService(self.tracelog, config.forecaster_path,
+                                        self.metrics.record_forecast,
+                                        reselect_s=config.reselect_interval_s)
         self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
                                   self.load.on_step])
         self.admin_token, self.admin_token_source = resolve_admin_token(
@@ -83,6 +87,7 @@ class Runtime:
                                                              self.admission), args)
         self._ticker = asyncio.create_task(self._tick_engine_seconds())
         self.predictor.start()
+        self.forecast.start()
         log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
                  self.config.db)
 
@@ -93,6 +98,7 @@ class Runtime:
             snap = self.second.take(rss_bytes=resident_bytes())
             self.metrics.record_engine(snap)
             self.tracelog.add("engine_stats", snap.row(self.clock))
+            self.forecast.observe(snap, self.clock.epoch(snap.ts))
             self._report_dropped()
 
     def _report_dropped(self) -> None:
@@ -103,6 +109,7 @@ class Runtime:
 
     async def stop(self) -> None:
         self.predictor.stop()
+        self.forecast.stop()
         if self._ticker:
             self._ticker.cancel()
         if self.handle:

@@ -17,6 +17,7 @@ from observe import registry as R
 FEATURES: Final = (
     "prompt_tokens", "max_tokens", "queue_depth", "running_requests", "kv_cache_usage",
     "recent_step_s", "pending_requests", "pending_prefill_tokens", "batch_priority",
+    "tokenize_s",  # already spent before admission (parsing, chat template, tokenizer)
 )
 TARGETS: Final = ("ttft_s", "tpot_s")
 
@@ -69,8 +70,23 @@ class TrainingSet:
         return (float(self.arrival[0]), float(self.arrival[-1])) if len(self) else (0.0, 0.0)
 
 
-def feature_vector(prompt_tokens: int, max_tokens: int, load, batch: bool) -> list[float]:
+# Derived inputs appended to FEATURES before the trees see them. Trees split one
+# feature at a time, so a sum they need is given to them: the prefill work this request
+# waits for is its own prompt plus everything admitted before it without a first token.
+DERIVED: Final = ("work_ahead_tokens", "decode_load_s")
+
+
+def design(X: np.ndarray) -> np.ndarray:
+    """FEATURES columns -> FEATURES + DERIVED columns (rows of one request each)."""
+    col = {name: X[:, j] for j, name in enumerate(FEATURES)}
+    work = col["prompt_tokens"] + col["pending_prefill_tokens"]
+    decode = col["running_requests"] * col["recent_step_s"]
+    return np.column_stack([X, work, decode])
+
+
+def feature_vector(prompt_tokens: int, max_tokens: int, load, batch: bool,
+                   tokenize_s: float = 0.0) -> list[float]:
     """One request's row, in FEATURES order; `load` is an `AdmissionLoad`."""
     return [prompt_tokens, max_tokens, load.queue_depth, load.running_requests,
             load.kv_cache_usage, load.recent_step_s, load.pending_requests,
-            load.pending_prefill_tokens, 1.0 if batch else 0.0]
+            load.pending_prefill_tokens, 1.0 if batch else 0.0, tokenize_s]

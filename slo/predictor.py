@@ -12,8 +12,6 @@ Two models answer the same `predict()`:
 
 from __future__ import annotations
 
-import math
-import pickle
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -23,7 +21,8 @@ from typing import Final
 import numpy as np
 
 from observe import registry as R
-from slo.features import FEATURES, TrainingSet
+from slo import modelfile
+from slo.features import FEATURES, TrainingSet, design
 from slo.forest import Forest, compile_forest
 
 QUANTILES: Final = (0.5, 0.9)
@@ -34,6 +33,7 @@ SEED_TPOT_S: Final = {"0-1k": 0.002, "1k-4k": 0.003, "4k-32k": 0.005, "32k+": 0.
 OUTPUTS: Final = tuple((target, q) for target in ("ttft_s", "tpot_s") for q in QUANTILES)
 MIN_ROWS: Final = 200
 FORMAT: Final = 1
+KIND: Final = "latency model"
 
 
 def seed_ttft_s(prompt_tokens: float) -> float:
@@ -65,18 +65,18 @@ class LatencyModel:
     version: str = field(default_factory=lambda: "hgb-" + uuid.uuid4().hex[:8])
 
     def predict(self, x) -> np.ndarray:
-        return np.exp(self.forest.predict(np.asarray(x, dtype=np.float64)))
+        return self.predict_many(np.asarray(x, dtype=np.float64)[None, :])[0]
 
     def predict_many(self, X: np.ndarray) -> np.ndarray:
-        return np.exp(self.forest.predict(np.asarray(X, dtype=np.float64)))
+        """Rows of (ttft p50, ttft p90, tpot p50, tpot p90); separately fitted quantile
+        models can cross, so a p90 is never let below its p50."""
+        out = np.exp(self.forest.predict(design(np.asarray(X, dtype=np.float64))))
+        out[:, 1] = np.maximum(out[:, 1], out[:, 0])
+        out[:, 3] = np.maximum(out[:, 3], out[:, 2])
+        return out
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(pickle.dumps({"format": FORMAT, "model": self}))
-        tmp.replace(path)  # a reader never sees half a model
-        return path
+        return modelfile.save(self, path, KIND, FORMAT)
 
     def describe(self) -> dict:
         return {"version": self.version, "rows": self.rows, "features": list(self.features),
@@ -84,10 +84,7 @@ class LatencyModel:
 
 
 def load_model(path: str | Path) -> LatencyModel:
-    data = pickle.loads(Path(path).read_bytes())
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a tailguard latency model (format {FORMAT})")
-    model = data["model"]
+    model = modelfile.load(path, KIND, FORMAT)
     if tuple(model.features) != FEATURES:
         raise ValueError(f"{path}: trained on features {model.features}, expected {FEATURES}")
     return model
@@ -107,7 +104,7 @@ def train(data: TrainingSet, max_iter: int = 200, seed: int = 0) -> LatencyModel
             loss="quantile", quantile=q, max_iter=max_iter, learning_rate=0.08,
             max_depth=8, min_samples_leaf=10, l2_regularization=1.0,
             early_stopping=False, random_state=seed)
-        est.fit(data.X[keep], np.log(y[keep]))
+        est.fit(design(data.X[keep]), np.log(y[keep]))
         estimators.append(est)
     return LatencyModel(compile_forest(estimators), FEATURES, data.window, len(data))
 
@@ -116,6 +113,3 @@ def e2e_s(ttft_s: float, tpot_s: float, max_tokens: int) -> float:
     """Predicted end-to-end time if the request runs to its max_tokens."""
     return ttft_s + tpot_s * max(0, max_tokens - 1)
 
-
-def finite(value: float) -> float:
-    return value if math.isfinite(value) else 0.0

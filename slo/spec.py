@@ -100,7 +100,7 @@ def parse_spec(text: str, source: str = "<spec>") -> SLOSpec:
         doc = load_located(text, source)
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: not valid YAML: {exc}") from None
-    from slo.openslo import is_openslo, from_openslo
+    from slo.openslo import from_openslo, is_openslo
 
     if is_openslo(doc):
         return from_openslo(doc, source)

@@ -12,6 +12,7 @@ import click
 from tailguard import commands
 from tailguard.cmd_bench import bench
 from tailguard.cmd_dashboards import dashboards
+from tailguard.cmd_predict import forecast, predict
 from tailguard.cmd_rules import rules
 from tailguard.cmd_slo import slo
 from tailguard.cmd_up import console, up
@@ -49,3 +50,5 @@ main.add_command(slo)
 main.add_command(bench)
 main.add_command(up)
 main.add_command(console)
+main.add_command(predict)
+main.add_command(forecast)

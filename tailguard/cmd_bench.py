@@ -23,12 +23,14 @@ from serving.workload import SCENARIOS
 @click.option("--model", help="Model id (default: the server's first model).")
 @click.option("--api-key", default="unused", help="Bearer key sent with each request.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--period", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="diurnal: seconds of one compressed day.")
 @click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
               help="SLO spec for goodput (default: the shipped one).")
 @click.option("--out", type=click.Path(file_okay=False), default="bench-out", show_default=True)
 @click.option("--progress/--no-progress", default=None, help="Progress bar (default: on a TTY).")
 def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api_key, seed,
-          slo_file, out, progress):
+          period, slo_file, out, progress):
     """Drive load, then report P50/P95/P99 TTFT/TPOT/e2e per context bucket,
     throughput, goodput and errors (bench.json + bench.png in --out).
 
@@ -44,7 +46,8 @@ def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api
         spec = load_spec(slo_file)
         served, context = loadgen.discover(url, api_key)
         workload = Workload(scenario, rate, duration, max_requests,
-                            max_context=context, output_tokens=output_tokens, seed=seed)
+                            max_context=context, output_tokens=output_tokens, seed=seed,
+                            period_s=period)
     except (SpecError, ValueError) as exc:
         raise click.UsageError(str(exc))
     except httpx.HTTPError as exc:
@@ -52,7 +55,8 @@ def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api
     target = loadgen.Target(url, model or served, api_key)
     results = asyncio.run(_run(target, workload, progress))
     offered = {"scenario": scenario, "rate": rate, "duration_s": duration, "seed": seed,
-               "max_requests": max_requests, "output_tokens": output_tokens, "model": target.model}
+               "max_requests": max_requests, "output_tokens": output_tokens, "model": target.model,
+               "period_s": period}
     summary = bench_report.summarize(results, spec, offered)
     paths = bench_report.write_outputs(Path(out), summary, results)
     sys.stdout.write(bench_report.format_summary(summary))

@@ -24,7 +24,7 @@ def up(host, port, console_port, db, demo, demo_rate, serve_args):
 
     Example: tailguard up --demo
     """
-    from serving.launcher import LaunchError, Launcher
+    from serving.launcher import Launcher, LaunchError
     from serving.model import ensure_model
 
     click.echo(f"tailguard: embedded model at {ensure_model()}")

@@ -44,9 +44,12 @@ def model_init(directory):
 @click.option("--retrain-interval", type=click.FloatRange(min=0),
               help="Seconds between latency-model retrains from the trace log "
                    "(default: $TAILGUARD_RETRAIN_S or 600; 0: never).")
+@click.option("--reselect-interval", type=click.FloatRange(min=0),
+              help="Seconds between memory-forecaster backtests that pick the live model "
+                   "(default: $TAILGUARD_FORECAST_RESELECT_S or 1800; 0: never).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
-          slo_file, model_dir, retrain_interval, vllm_args):
+          slo_file, model_dir, retrain_interval, reselect_interval, vllm_args):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -62,7 +65,8 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             model=model_path, served_model_name=served_model_name,
             host=host, port=port, db=db, admin_token_file=admin_token_file,
             flush_interval_s=flush_interval, slo_file=slo_file, model_dir=model_dir,
-            retrain_interval_s=retrain_interval, vllm_args=list(vllm_args))
+            retrain_interval_s=retrain_interval, reselect_interval_s=reselect_interval,
+            vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.server import run

@@ -93,7 +93,10 @@ def session_spec():
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("server"), "--slo", str(SESSION_SLO))
+    # Models retrain only when a test asks (POST /admin/models/.../retrain), so what a
+    # test sees does not depend on how long the session has run.
+    srv = start_server(tmp_path_factory.mktemp("server"), "--slo", str(SESSION_SLO),
+                       "--retrain-interval", "0", "--reselect-interval", "0")
     yield srv
     stop_server(srv)
 

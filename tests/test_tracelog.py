@@ -32,6 +32,10 @@ FULL_REQUEST = {
     "decode_s": 1.5, "sampling_s": 0.0625, "ttft_s": 0.375, "tpot_s": 0.0234375,
     "e2e_s": 1.875, "iterations": 64, "avg_iter_s": 0.0234375, "preemptions": 2,
     "slo_ttft_target_s": 0.5, "slo_ok": False, "policy_actions": ["shed", "cap_max_tokens"], "tokenize_s": 0.004,
+    "queue_depth": 6, "running_requests": 12, "kv_cache_usage": 0.75, "recent_step_s": 0.03125,
+    "pending_requests": 7, "pending_prefill_tokens": 2**33, "predicted_ttft_s": 0.25,
+    "predicted_ttft_p90_s": 0.5, "predicted_tpot_s": 0.015625, "predicted_tpot_p90_s": 0.03125,
+    "predicted_e2e_s": 2.25, "predictor_version": "hgb-0123abcd",
 }
 
 

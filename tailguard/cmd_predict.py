@@ -1,0 +1,195 @@
+"""`tailguard predict` and `tailguard forecast`: train and judge the latency predictor
+and the memory forecaster on a recorded trace log (a file no server holds)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from tailguard.clitools import one_line
+
+ROWS_MAX = 5_000_000
+_DB = click.option("--db", required=True, type=click.Path(dir_okay=False),
+                   help="Trace-log file, opened read-only.")
+
+
+def _rows(db: str, sql: str) -> list[tuple]:
+    from observe.query import QueryError, query_file
+
+    try:
+        return query_file(db, sql, max_rows=ROWS_MAX, timeout_s=300).rows
+    except QueryError as exc:
+        raise click.UsageError(one_line(exc))
+
+
+def _default_model(db: str, name: str) -> Path:
+    return Path(f"{db}.models", name)
+
+
+def _training_set(db: str):
+    from slo.features import TrainingSet, training_sql
+
+    return TrainingSet.from_rows(_rows(db, training_sql()))
+
+
+@click.group()
+def predict():
+    """Per-request latency predictor (TTFT/TPOT quantiles)."""
+
+
+@predict.command("train")
+@_DB
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Model file (default: DB.models/latency.pkl, where the server looks).")
+@click.option("--holdout", type=click.FloatRange(0, 0.9), default=0.3, show_default=True,
+              help="Newest share of requests kept out of training and judged; 0: train on all.")
+def predict_train(db, out, holdout):
+    """Train on the trace log's older requests; print accuracy on the newest."""
+    from slo.predictor import train
+
+    data = _training_set(db)
+    train_part, test_part = data.split(holdout) if holdout else (data, data.slice(0, 0))
+    try:
+        model = train(train_part)
+    except ValueError as exc:
+        raise click.UsageError(one_line(exc))
+    path = model.save(out or _default_model(db, "latency.pkl"))
+    click.echo(f"trained {model.version} on {model.rows} requests -> {path}")
+    if len(test_part):
+        _print_accuracy(model, test_part)
+
+
+@predict.command("eval")
+@_DB
+@click.option("--model", "model_file", type=click.Path(dir_okay=False),
+              help="Model file (default: DB.models/latency.pkl).")
+@click.option("--holdout", type=click.FloatRange(0.01, 1), default=0.3, show_default=True,
+              help="Newest share of requests to judge on (1: all of them).")
+def predict_eval(db, model_file, holdout):
+    """Accuracy of a saved model and of the seed formula, and of what the server
+    itself predicted (the rows' predicted_* columns)."""
+    from slo.predictor import load_model
+
+    path = model_file or _default_model(db, "latency.pkl")
+    try:
+        model = load_model(path)
+    except (OSError, ValueError) as exc:
+        raise click.UsageError(one_line(exc))
+    data = _training_set(db)
+    test_part = data if holdout >= 1 else data.split(holdout)[1]
+    _print_accuracy(model, test_part)
+    click.echo("\nas served (the rows' own predictions):")
+    click.echo(_served_accuracy(db))
+
+
+def _print_accuracy(model, test_part) -> None:
+    from slo.accuracy import accuracy, format_table, improvement
+    from slo.predictor import SeedModel
+
+    seed, trained = accuracy(SeedModel(), test_part), accuracy(model, test_part)
+    click.echo(f"held-out requests: {len(test_part)}")
+    click.echo(format_table(seed + trained), nl=False)
+    ratios = improvement(seed, trained)
+    click.echo("p50 MAPE, seed / model: " + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items()))
+
+
+SERVED_SQL = """
+SELECT predictor_version AS model,
+       count(*) AS requests,
+       avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_mape,
+       avg(CASE WHEN ttft_s <= predicted_ttft_p90_s THEN 1 ELSE 0 END) AS ttft_p90_coverage,
+       avg(abs(predicted_tpot_s - tpot_s) / tpot_s) AS tpot_mape,
+       avg(CASE WHEN tpot_s <= predicted_tpot_p90_s THEN 1 ELSE 0 END) AS tpot_p90_coverage
+FROM requests
+WHERE status = 'ok' AND ttft_s > 0 AND predicted_ttft_s IS NOT NULL
+GROUP BY ALL ORDER BY requests DESC
+"""
+
+
+def _served_accuracy(db: str) -> str:
+    from observe.query import QueryError, format_result, query_file
+
+    try:
+        return format_result(query_file(db, SERVED_SQL, timeout_s=120))
+    except QueryError as exc:
+        raise click.UsageError(one_line(exc))
+
+
+@click.group()
+def forecast():
+    """KV-cache / memory forecaster (LSTM against baselines)."""
+
+
+_TARGET = click.option("--target", type=click.Choice(["kv_cache_usage", "rss_bytes"]),
+                       default="kv_cache_usage", show_default=True)
+_HORIZON = click.option("--horizon", type=click.FloatRange(min=1), default=300.0,
+                        show_default=True, help="Seconds ahead.")
+_STEP = click.option("--step", type=click.FloatRange(min=0.5), default=5.0, show_default=True,
+                     help="Seconds per series step (engine_stats rows are averaged).")
+_SHARE = click.option("--train-share", type=click.FloatRange(0.1, 0.95), default=0.6,
+                      show_default=True, help="Share of the series before the first origin.")
+
+
+def _series(db: str, step: float):
+    from slo.series import Series, series_sql
+
+    series = Series.from_rows(_rows(db, series_sql()), step)
+    if not len(series):
+        raise click.UsageError(f"{db}: no engine_stats rows")
+    return series
+
+
+@forecast.command("eval")
+@_DB
+@_TARGET
+@_HORIZON
+@_STEP
+@_SHARE
+@click.option("--json", "as_json", is_flag=True, help="Print the backtest as JSON.")
+def forecast_eval(db, target, horizon, step, train_share, as_json):
+    """Rolling-origin backtest of the LSTM and the baselines."""
+    from slo.backtest import backtest
+
+    try:
+        result = backtest(_series(db, step), target, horizon, train_share)
+    except ValueError as exc:
+        raise click.UsageError(one_line(exc))
+    click.echo(json.dumps(result.describe(), indent=2) if as_json else format_backtest(result))
+
+
+@forecast.command("train")
+@_DB
+@_TARGET
+@_HORIZON
+@_STEP
+@_SHARE
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="Forecaster file (default: DB.models/memory-forecast.pkl).")
+def forecast_train(db, target, horizon, step, train_share, out):
+    """Backtest, then fit the winner on the whole series and save it."""
+    from slo.backtest import MemoryForecaster
+
+    try:
+        chosen = MemoryForecaster.select(_series(db, step), target, horizon,
+                                         train_share=train_share)
+    except ValueError as exc:
+        raise click.UsageError(one_line(exc))
+    click.echo(format_backtest(chosen.backtest))
+    path = chosen.save(out or _default_model(db, "memory-forecast.pkl"))
+    click.echo(f"saved {chosen.model.name} -> {path}")
+
+
+def format_backtest(result) -> str:
+    last = result.score("last_value")
+    lines = [f"{result.target}, {result.horizon_s:.0f} s ahead, {result.step_s:g} s steps, "
+             f"{result.winner.origins} origins after {result.train_steps} training steps",
+             f"{'model':<12} {'MAE':>10} {'RMSE':>10} {'vs last':>8} {'fit s':>7}"]
+    for s in result.scores:
+        ratio = f"{s.mae / last.mae:.3f}" if last and last.mae else "-"
+        lines.append(f"{s.name:<12} {s.mae:>10.4g} {s.rmse:>10.4g} {ratio:>8} {s.fit_s:>7.1f}")
+    margin = result.margin()
+    lines.append(f"winner: {result.winner.name}" + (
+        f" ({1 - margin:.1%} lower MAE than the runner-up)" if margin is not None else ""))
+    return "\n".join(lines)
