@@ -70,6 +70,7 @@ class RequestMetrics:
         self._waiting = i[R.WAITING.prom_name]
         self._dropped = i[R.TRACE_ROWS_DROPPED.prom_name]
         self._forecast = i[R.MEMORY_FORECAST.prom_name]
+        self._policy = i[R.POLICY_ACTIVE.prom_name]
         self.slo_requests = i[R.SLO_REQUESTS.prom_name]
 
     def record_request(self, rec: RequestRecord) -> None:
@@ -97,6 +98,9 @@ class RequestMetrics:
         self._kv.set(snap.kv_cache_usage)
         self._running.set(snap.running)
         self._waiting.set(snap.waiting)
+
+    def record_policy(self, policy: str, active: int) -> None:
+        self._policy.set(active, {R.LABEL_POLICY: policy})
 
     def record_forecast(self, ratio: float, horizon: str) -> None:
         self._forecast.set(ratio, {R.LABEL_HORIZON: horizon})

@@ -178,6 +178,9 @@ class RequestRecord:
     policy_actions: list[str] = field(default_factory=list)
     load: AdmissionLoad | None = None
     prediction: LatencyPrediction | None = None
+    queued_at: float | None = None  # monotonic, admission began (before any slot wait)
+    vip: bool = False  # the API key's VIP flag: admitted under VIP-only
+    refusal: Exception | None = None  # set when admission refused it inside vLLM's path
 
     @property
     def context_bucket(self) -> str:

@@ -73,7 +73,7 @@ def create_admin_router(runtime) -> APIRouter:
         except ValueError as exc:
             return ApiError(400, "invalid_request", f"invalid body: {exc}").response()
         return JSONResponse({"columns": result.columns, "truncated": result.truncated,
-                             "rows": [[_jsonable(v) for v in row] for row in result.rows]})
+                             "rows": [[jsonable(v) for v in row] for row in result.rows]})
 
     @router.get("/slo")
     async def slo():
@@ -117,11 +117,14 @@ def _slo_status(runtime) -> dict:
     return status_to_dict(compute_status(query, runtime.config.spec))
 
 
-def _jsonable(value):
+def jsonable(value):
+    """A JSON-ready copy: timestamps as ISO text, anything odd as its str()."""
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return str(value)

@@ -1,8 +1,12 @@
 """Admission: what happens to a request between the HTTP layer and the engine.
 
-For now it stamps each request with the load it meets and its predicted latency;
-the degradation policies' per-request decisions (token caps, truncation, shedding,
-lanes) belong here too, since this is the last point before the engine.
+Two points, because what is known grows on the way in:
+- `check_http` (body parsed, not tokenized): the engine restarting, shedding
+  non-VIP load, the max_tokens cap;
+- `admit` (tokenized, just before the engine): the load it meets and its predicted
+  latency, truncation, the predicted-miss lane change or shed, then the concurrency
+  limiter (realtime lane before batch) and any injected fault.
+Each decision lands in the record's `policy_actions` (its span and row).
 """
 
 from __future__ import annotations
@@ -11,25 +15,109 @@ import time
 
 from observe import registry as R
 from observe.stats import RequestRecord
+from serving.errors import ApiError
+from serving.faults import FaultInjector
+from serving.limiter import Limiter, LimiterTimeout
 from serving.load import LoadTracker
 from serving.prediction import PredictionService
+from slo.decisions import Decisions
+
+
+class Refused(Exception):
+    """Raised inside vLLM's call path; the HTTP layer answers with `rec.refusal`."""
+
+
+def shed_error(policy: str, retry_after_s: int) -> ApiError:
+    return ApiError(503, "shed", f"overloaded: request shed by the {policy} policy; retry "
+                    f"after {retry_after_s} s", headers={"Retry-After": str(retry_after_s)})
 
 
 class Admission:
-    def __init__(self, load: LoadTracker, predictor: PredictionService):
+    def __init__(self, load: LoadTracker, predictor: PredictionService, limiter: Limiter,
+                 faults: FaultInjector, ttft_target=None):
         self.load = load
         self.predictor = predictor
+        self.limiter = limiter
+        self.faults = faults
+        self.ttft_target = ttft_target  # prompt tokens -> TTFT target s, or None
+        self.decisions = Decisions(concurrency_limit=limiter.limit)
 
-    def admit(self, rec: RequestRecord, prompt_tokens: int, max_tokens: int | None) -> None:
-        """Called once per engine request; a multi-prompt completion is judged by its
-        first prompt's load and prediction."""
+    def check_http(self, rec: RequestRecord, request) -> None:
+        d = self.decisions
+        if d.restarting:
+            rec.policy_actions.append("reject:breaker_l2")
+            raise ApiError(503, "engine_restarting", "the engine is restarting",
+                           headers={"Retry-After": str(d.retry_after_s)})
+        if d.shed_non_vip and not rec.vip:
+            rec.policy_actions.append(f"shed:{d.shed_non_vip}")
+            raise shed_error(d.shed_non_vip, d.retry_after_s)
+        if d.max_tokens_cap is not None:
+            for field in ("max_tokens", "max_completion_tokens"):
+                asked = getattr(request, field, None)
+                if hasattr(request, field) and (asked is None or asked > d.max_tokens_cap):
+                    setattr(request, field, d.max_tokens_cap)
+                    rec.policy_actions.append(f"cap_max_tokens:{d.max_tokens_cap}")
+                    break
+
+    async def admit(self, rec: RequestRecord, prompt, prompt_tokens: int,
+                    max_tokens: int | None):
+        """The prompt to send (maybe truncated); waits for an engine slot. The caller
+        must call `release()` when the engine request ends, whatever happens."""
+        d = self.decisions
+        if d.truncate_tokens is not None and prompt_tokens > d.truncate_tokens:
+            prompt = _truncated(prompt, d.truncate_tokens)
+            rec.policy_actions.append(f"truncate:{prompt_tokens}->{d.truncate_tokens}")
+            prompt_tokens = d.truncate_tokens
+        rec.queued_at = rec.queued_at or time.monotonic()
         load = self.load.admit(prompt_tokens)
         if rec.load is None:
             rec.load = load
             rec.prediction = self.predictor.predict(
                 prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH,
                 time.monotonic() - rec.arrival)
+            self._predicted_miss(rec, prompt_tokens, d)
+        try:
+            await self.faults.before_engine()
+            await self.limiter.acquire(rec.priority)
+        except LimiterTimeout as exc:
+            self.load.release(prompt_tokens)
+            rec.refusal = ApiError(503, "admission_timeout", str(exc),
+                                   headers={"Retry-After": str(d.retry_after_s)})
+            raise Refused(str(exc)) from None
+        except BaseException:
+            self.load.release(prompt_tokens)
+            raise
+        return prompt, prompt_tokens
 
-    def release(self, prompt_tokens: int) -> None:
-        """The request has its first token, or left without one."""
+    def _predicted_miss(self, rec: RequestRecord, prompt_tokens: int, d: Decisions) -> None:
+        """Under overload, a request predicted to miss its TTFT target by far moves to
+        the batch lane (realtime) or is shed (batch): it would only take a slot from
+        one that can still make it."""
+        if d.predicted_miss_factor is None or self.ttft_target is None or not rec.prediction:
+            return
+        target = self.ttft_target(prompt_tokens)
+        if target is None or rec.prediction.ttft_s <= target * d.predicted_miss_factor:
+            return
+        if rec.priority == R.PRIORITY_REALTIME:
+            rec.priority = R.PRIORITY_BATCH
+            rec.policy_actions.append("demote:predicted_miss")
+            return
         self.load.release(prompt_tokens)
+        rec.policy_actions.append("shed:predicted_miss")
+        rec.refusal = shed_error("predicted_miss", d.retry_after_s)
+        raise Refused("shed: predicted to miss its target")
+
+    def release(self, prompt_tokens: int, holds_slot: bool, pending: bool) -> None:
+        if pending:
+            self.load.release(prompt_tokens)
+        if holds_slot:
+            self.limiter.release()
+
+
+def _truncated(prompt, keep: int):
+    """Keep the first `keep` prompt tokens (the documented side: a document's start
+    usually says what it is; the end is cut)."""
+    if isinstance(prompt, dict):
+        return {**prompt, "prompt_token_ids": list(prompt["prompt_token_ids"][:keep])}
+    prompt.prompt_token_ids = prompt.prompt_token_ids[:keep]
+    return prompt

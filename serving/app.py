@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from serving.admin import create_admin_router
+from serving.admin_policies import create_policy_router
 from serving.errors import ApiError
 from serving.generation import Endpoint, serve_generation
 from serving.runtime import Runtime
@@ -80,4 +81,5 @@ def create_app(runtime: Runtime) -> FastAPI:
         return ApiError(400, "validation_error", str(exc)).response()
 
     app.include_router(create_admin_router(runtime))
+    app.include_router(create_policy_router(runtime))
     return app

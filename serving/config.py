@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from serving.keys import KeyRing, load_keys
+from slo.policies import PolicyConfig
 from slo.spec import SLOSpec, load_spec
 
 ENV_DB = "TAILGUARD_DB"
@@ -53,11 +55,18 @@ class ServerConfig:
     model_dir: str | None = None  # trained predictor/forecaster; default beside the DB
     retrain_interval_s: float | None = None  # 0 turns retraining off
     reselect_interval_s: float | None = None  # memory-forecaster backtests; 0: never
+    keys_file: str | None = None  # API keys -> tiers; without it every client is realtime
+    policy_file: str | None = None  # YAML of PolicyConfig fields overriding SPEC defaults
+    enable_fault_injection: bool = False  # PUT /admin/faults (tests, drills)
+    policies: PolicyConfig = field(init=False)
+    keys: KeyRing = field(init=False)
     vllm_args: list[str] = field(default_factory=list)
     spec: SLOSpec = field(init=False)
 
     def __post_init__(self) -> None:
         self.spec = load_spec(self.slo_file)  # SpecError (a ValueError) names field + line
+        self.policies = load_policy_config(self.policy_file)
+        self.keys = load_keys(self.keys_file) if self.keys_file else KeyRing.open()
         self.db = self.db or _env(ENV_DB, DEFAULT_DB)
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
@@ -92,3 +101,23 @@ class ServerConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+def load_policy_config(path: str | None) -> PolicyConfig:
+    """SPEC §3 defaults, with any field set in the YAML file replaced."""
+    if not path:
+        return PolicyConfig()
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"policy config {path}: {' '.join(str(exc).split())}") from None
+    known = set(PolicyConfig.__dataclass_fields__)
+    unknown = sorted(set(data) - known) if isinstance(data, dict) else ["(not a mapping)"]
+    if unknown:
+        raise ValueError(f"policy config {path}: unknown field(s) {', '.join(map(str, unknown))}")
+    try:
+        return PolicyConfig(**data)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"policy config {path}: {exc}") from None

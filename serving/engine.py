@@ -13,6 +13,7 @@ import os
 import time
 from argparse import Namespace
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from observe.stats import EngineTimes, RequestRecord, WallClock
 from serving.steps import StepLedger
@@ -81,11 +82,13 @@ class ObservedEngine:
             return
         rec.max_tokens = getattr(sampling_params, "max_tokens", rec.max_tokens)
         prompt_tokens = _prompt_length(prompt)
-        if self._admission is not None:
-            self._admission.admit(rec, prompt_tokens, rec.max_tokens)
+        admission = self._admission
+        if admission is not None:  # may wait for a slot, truncate, or refuse
+            prompt, prompt_tokens = await admission.admit(rec, prompt, prompt_tokens,
+                                                          rec.max_tokens)
         self._ledger.track(request_id, rec.tally, rec.request_id)
         deltas = _is_delta(sampling_params)
-        last, tokens, pending = None, 0, self._admission is not None
+        last, tokens, pending = None, 0, admission is not None
         try:
             async for last in self._engine.generate(prompt, sampling_params, request_id,
                                                     *args, **kwargs):
@@ -94,12 +97,12 @@ class ObservedEngine:
                     rec.first_token = time.monotonic()
                 if new and pending:
                     pending = False
-                    self._admission.release(prompt_tokens)
+                    admission.load.release(prompt_tokens)
                 tokens = tokens + new if deltas else new
                 yield last
         finally:
-            if pending:
-                self._admission.release(prompt_tokens)
+            if admission is not None:
+                admission.release(prompt_tokens, holds_slot=True, pending=pending)
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 _absorb(rec, last, tokens, self._clock)
@@ -128,5 +131,8 @@ def _absorb(rec: RequestRecord, out, output_tokens: int, clock: WallClock) -> No
     if reasons:
         rec.finish_reason = reasons[0]
     times = EngineTimes.from_vllm(out.metrics, clock)
+    if times is not None and rec.queued_at is not None and times.accepted is not None:
+        # waiting for an engine slot (the concurrency limit) is queueing too
+        times = replace(times, accepted=min(times.accepted, rec.queued_at))
     if times is not None:
         rec.engine = times if rec.engine is None else rec.engine.merge(times)

@@ -44,12 +44,15 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
         if not runtime.ready:
             raise ApiError(503, "engine_not_ready", "the engine is not ready",
                            headers={"Retry-After": "5"})
+        runtime.identify(rec, raw.headers)
         serving = getattr(runtime.handle, endpoint.serving)
         body = await _read_json(raw, runtime.config.max_body_bytes)
         request = _parse(endpoint.request_cls, body)
         rec.model, rec.stream = request.model or runtime.config.model_name, bool(request.stream)
         _check_limits(request, runtime.config.max_n)
-        result = await _until_disconnect(raw, _call(serving, endpoint.handler, request, raw))
+        runtime.admission.check_http(rec, request)
+        result = await _until_disconnect(raw, _start(serving, endpoint.handler, request, raw,
+                                                     rec))
     except ApiError as exc:
         rec.fail(exc.status, exc.error_type, exc.message, exc.outcome)
         runtime.observer.finish(rec, span)
@@ -71,16 +74,33 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
     return JSONResponse(result.model_dump())
 
 
-async def _call(serving, handler: str, request, raw: Request):
+async def _start(serving, handler: str, request, raw: Request, rec):
+    """Call vLLM's handler; for a stream, wait for its first chunk before answering,
+    so that admission (which runs when the engine is first asked) can still refuse
+    with a real status code instead of an error event inside a 200 stream."""
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     try:
         result = await getattr(serving, handler)(request, raw)
+        if isinstance(result, AsyncIterator):
+            first = await anext(result, None)
+            result = _prepend(first, result)
     except Exception as exc:
-        raise from_exception(exc) from None
+        raise rec.refusal or from_exception(exc) from None
+    if rec.refusal is not None:
+        if isinstance(result, AsyncIterator):
+            await result.aclose()
+        raise rec.refusal
     if isinstance(result, ErrorResponse):
         raise from_vllm_response(result)
     return result
+
+
+async def _prepend(first, rest: AsyncIterator):
+    if first is not None:
+        yield first
+    async for chunk in rest:
+        yield chunk
 
 
 async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):

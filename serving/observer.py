@@ -24,6 +24,7 @@ class Observer:
         self.metrics = metrics
         self.clock = clock
         self.judge = Judge(spec or load_spec())
+        self.listeners: list = []  # called with each finished record (the policy engine)
 
     def begin(self, endpoint: str, headers: Mapping[str, str]):
         """A record and an open `llm.request` span, stamped now."""
@@ -38,6 +39,8 @@ class Observer:
         self.spans.finish(rec, span)
         self.metrics.record_request(rec)
         self.tracelog.add("requests", rec.row(self.clock))
+        for listener in self.listeners:
+            listener(rec)
 
     def _judge(self, rec: RequestRecord) -> None:
         """Each SLO's verdict, counted per context bucket: what makes context-aware

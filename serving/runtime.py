@@ -1,5 +1,6 @@
 """Everything one server process owns, wired in data-path order:
-engine -> step ledger / stat logger -> spans, metrics, trace log -> observer.
+admission -> engine -> step ledger / stat logger -> spans, metrics, trace log ->
+observer (SLO verdicts) -> guard (policies) -> admission.
 
 `Runtime.start()` brings it up (the engine last, since it is the slow part) and
 `stop()` takes it down in reverse, flushing the trace log last.
@@ -20,7 +21,11 @@ from serving.admission import Admission
 from serving.config import ServerConfig
 from serving.engine import ObservedEngine, start_engine, vllm_namespace
 from serving.engine_stats import EngineSecond, stat_logger_factory
+from serving.errors import ApiError
+from serving.faults import FaultInjector
 from serving.forecasting import ForecastService
+from serving.guard import Guard
+from serving.keys import PRIORITY_HEADER
 from serving.load import LoadTracker, resident_bytes
 from serving.observer import Observer
 from serving.prediction import PredictionService
@@ -55,7 +60,11 @@ class Runtime:
         self.load = LoadTracker(self.second)
         self.predictor = PredictionService(self.tracelog, config.predictor_path,
                                            config.retrain_interval_s)
-        self.admission = Admission(self.load, self.predictor)
+        self.faults = FaultInjector(config.enable_fault_injection)
+        self.guard = Guard(config.policies, self.tracelog, self.metrics, self.faults)
+        self.observer.listeners.append(self.guard.on_request)
+        self.admission = Admission(self.load, self.predictor, self.guard.limiter, self.faults,
+                                   self.observer.judge.ttft_target)
         self.forecast = ForecastService(self.tracelog, config.forecaster_path,
                                         self.metrics.record_forecast,
                                         reselect_s=config.reselect_interval_s)
@@ -75,21 +84,50 @@ class Runtime:
     def ready(self) -> bool:
         return self.handle is not None and not getattr(self.handle.engine, "errored", False)
 
+    @property
+    def engine_failed(self) -> bool:
+        """What breaker L2 watches: the engine died, or a drill says it did."""
+        dead = self.handle is not None and getattr(self.handle.engine, "errored", False)
+        return dead or self.faults.failing
+
+    def identify(self, rec, headers) -> None:
+        """Priority and VIP flag from the API key (never from a header alone)."""
+        client = self.config.keys.resolve(headers.get("authorization"),
+                                          headers.get(PRIORITY_HEADER))
+        if client is None:
+            raise ApiError(401, "invalid_api_key", "a valid API key is required")
+        rec.priority, rec.vip = client.tier, client.vip
+
     async def start(self) -> None:
         self.ledger.start()
-        args = vllm_namespace(self.config.model, self.config.served_model_name,
-                              self.config.vllm_args)
-        engine = start_engine(args, [stat_logger_factory(self.second)])
-        model_config = engine.model_config
-        self.warmup = await warm_up(engine, model_config.max_model_len,
-                                    model_config.get_vocab_size())
-        self.handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
-                                                             self.admission), args)
+        self._args = vllm_namespace(self.config.model, self.config.served_model_name,
+                                    self.config.vllm_args)
+        self.handle = await self._start_engine()
         self._ticker = asyncio.create_task(self._tick_engine_seconds())
         self.predictor.start()
         self.forecast.start()
+        self.guard.start(self)
         log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
                  self.config.db)
+
+    async def _start_engine(self) -> EngineHandle:
+        engine = await asyncio.to_thread(start_engine, self._args,
+                                         [stat_logger_factory(self.second)])
+        model_config = engine.model_config
+        self.warmup = await warm_up(engine, model_config.max_model_len,
+                                    model_config.get_vocab_size())
+        return await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
+                                                    self.admission), self._args)
+
+    async def restart_engine(self) -> None:
+        """Breaker L2: a fresh engine in place; the server keeps answering (503 until
+        the new engine is warm)."""
+        old, self.handle = self.handle, None
+        log.warning("restarting the engine")
+        if old is not None:
+            old.engine.shutdown()
+        self.handle = await self._start_engine()
+        log.warning("engine restarted")
 
     async def _tick_engine_seconds(self) -> None:
         """Once a second: an `engine_stats` row and the engine gauges."""
@@ -99,6 +137,7 @@ class Runtime:
             self.metrics.record_engine(snap)
             self.tracelog.add("engine_stats", snap.row(self.clock))
             self.forecast.observe(snap, self.clock.epoch(snap.ts))
+            self.guard.on_engine_second(snap)
             self._report_dropped()
 
     def _report_dropped(self) -> None:
@@ -110,6 +149,7 @@ class Runtime:
     async def stop(self) -> None:
         self.predictor.stop()
         self.forecast.stop()
+        self.guard.stop()
         if self._ticker:
             self._ticker.cancel()
         if self.handle:

@@ -58,6 +58,10 @@ class Judge:
         ttft = [s for s in spec.slos if s.sli == "ttft"]
         self._ttft = ttft[0] if ttft else None  # the one behind `slo_ttft_target_s`
 
+    def ttft_target(self, prompt_tokens: int) -> float | None:
+        """The TTFT target for a prompt of this length (None without a TTFT SLO)."""
+        return None if self._ttft is None else self._ttft.target(prompt_tokens)
+
     def judge(self, rec: RequestRecord) -> list[tuple[str, bool]]:
         """(slo name, good) for each SLO the request is an event of; also fills the
         record's `slo_ttft_target_s` and `slo_ok` (every verdict good)."""

@@ -47,9 +47,16 @@ def model_init(directory):
 @click.option("--reselect-interval", type=click.FloatRange(min=0),
               help="Seconds between memory-forecaster backtests that pick the live model "
                    "(default: $TAILGUARD_FORECAST_RESELECT_S or 1800; 0: never).")
+@click.option("--keys", "keys_file", type=click.Path(dir_okay=False),
+              help="API keys file: key -> tier (realtime|batch) and VIP flag.")
+@click.option("--policies", "policy_file", type=click.Path(dir_okay=False),
+              help="YAML overriding degradation-policy thresholds (SPEC §3 defaults).")
+@click.option("--enable-fault-injection", is_flag=True,
+              help="Allow PUT /admin/faults to make the engine slow, stall or fail (drills).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
-          slo_file, model_dir, retrain_interval, reselect_interval, vllm_args):
+          slo_file, model_dir, retrain_interval, reselect_interval, keys_file, policy_file,
+          enable_fault_injection, vllm_args):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -66,7 +73,8 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             host=host, port=port, db=db, admin_token_file=admin_token_file,
             flush_interval_s=flush_interval, slo_file=slo_file, model_dir=model_dir,
             retrain_interval_s=retrain_interval, reselect_interval_s=reselect_interval,
-            vllm_args=list(vllm_args))
+            keys_file=keys_file, policy_file=policy_file,
+            enable_fault_injection=enable_fault_injection, vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.server import run

@@ -1,0 +1,79 @@
+"""Fault injection for tests and drills: make the real engine slow, stall or fail.
+
+Off unless the server starts with `--enable-fault-injection`; then
+`PUT /admin/faults {"mode": ..., ...}` (token-protected) sets one of:
+
+- `slow`: every engine request first waits `delay_s`;
+- `stall`: engine requests wait until the fault is cleared (or `timeout_s`);
+- `error`: engine requests fail with an engine error (what the breaker L2 sees);
+- `none`: clear.
+
+The fault sits in the engine client wrapper, in front of the real engine, so the
+whole server path (admission, spans, trace rows, policies) runs exactly as in a
+real incident.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Final
+
+MODES: Final = ("none", "slow", "stall", "error")
+
+
+class InjectedEngineError(RuntimeError):
+    """The engine 'failed' (injected)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    mode: str = "none"
+    delay_s: float = 0.0
+    timeout_s: float = 60.0
+    since: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}")
+        if not 0 <= self.delay_s <= 600 or not 0 < self.timeout_s <= 600:
+            raise ValueError("delay_s must be in [0, 600] and timeout_s in (0, 600]")
+
+    def as_dict(self) -> dict:
+        return {"mode": self.mode, "delay_s": self.delay_s, "timeout_s": self.timeout_s,
+                "since": self.since}
+
+
+class FaultInjector:
+    def __init__(self, enabled: bool = False):
+        self.enabled = enabled
+        self.fault = Fault()
+        self._cleared = asyncio.Event()
+
+    def set(self, mode: str, delay_s: float = 0.0, timeout_s: float = 60.0) -> Fault:
+        if not self.enabled:
+            raise PermissionError("fault injection is off (start with --enable-fault-injection)")
+        self.fault = Fault(mode, delay_s, timeout_s, time.time())
+        if mode == "none":
+            self._cleared.set()
+        else:
+            self._cleared = asyncio.Event()
+        return self.fault
+
+    @property
+    def failing(self) -> bool:
+        return self.fault.mode == "error"
+
+    async def before_engine(self) -> None:
+        """Called before each engine request."""
+        fault = self.fault
+        if fault.mode == "slow":
+            await asyncio.sleep(fault.delay_s)
+        elif fault.mode == "stall":
+            try:
+                await asyncio.wait_for(self._cleared.wait(), fault.timeout_s)
+            except asyncio.TimeoutError:
+                pass
+        elif fault.mode == "error":
+            raise InjectedEngineError("injected engine failure")

@@ -1,0 +1,97 @@
+"""Protection, wired: the policy engine's once-a-second loop, its inputs (finished
+requests, engine seconds, the memory forecast) and its outputs (decisions for
+admission, the concurrency limit, events, gauges, an engine restart for breaker L2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+
+from observe.stats import EngineSnapshot, RequestRecord
+from serving.faults import FaultInjector
+from serving.limiter import Limiter
+from serving.overrides import OverrideStore
+from serving.policy_loop import PolicyEngine
+from slo import policies as P
+from slo.decisions import Decisions
+from slo.policy import ACTIVE
+
+log = logging.getLogger("tailguard.policy")
+TICK_S = 1.0
+
+
+class Guard:
+    def __init__(self, config: P.PolicyConfig, tracelog, metrics, faults: FaultInjector):
+        self.tracelog = tracelog
+        self.metrics = metrics
+        self.faults = faults
+        self.engine = PolicyEngine(config, self._record_event, metrics.record_policy)
+        self.limiter = Limiter(self.engine.batch.limit)
+        self.overrides = OverrideStore(tracelog, self.engine.machines)
+        self.restarts = 0
+        self._restarted_episode: float | None = None  # one restart per L2 activation
+        self._restarting: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None
+
+    def _record_event(self, policy: str, from_state: str, to_state: str, reason: str,
+                      details: dict) -> None:
+        self.tracelog.add("policy_events", {
+            "ts": datetime.now(timezone.utc), "policy": policy, "from_state": from_state,
+            "to_state": to_state, "reason": reason, "details": details})
+
+    # --- inputs (called by the runtime) ------------------------------------------------
+
+    def on_request(self, rec: RequestRecord) -> None:
+        self.engine.on_request(rec)
+
+    def on_engine_second(self, snap: EngineSnapshot) -> None:
+        busy = (snap.mean_step_s or 0.0) * snap.steps  # seconds stepping in this second
+        self.engine.on_engine_second(min(1.0, busy))
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def start(self, runtime) -> None:
+        self.overrides_restored = self.overrides.restore()
+        self._task = asyncio.create_task(self._run(runtime))
+
+    async def _run(self, runtime) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self.tick(runtime)
+            except Exception:  # the loop must outlive any one bad evaluation
+                log.exception("policy evaluation failed")
+
+    def tick(self, runtime, now: float | None = None) -> Decisions:
+        now = time.time() if now is None else now
+        signals = self.engine.signals(
+            now, engine_failed=runtime.engine_failed,
+            queue_depth=runtime.load.pending[0],
+            kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
+        decisions = self.engine.evaluate(signals)
+        self.limiter.limit = decisions.concurrency_limit
+        runtime.admission.decisions = decisions
+        l2 = self.engine.machines[P.BREAKER_L2]
+        if l2.state == ACTIVE and l2.since != self._restarted_episode:
+            self._restarted_episode = l2.since
+            self._restarting = asyncio.create_task(self._restart(runtime))
+        return decisions
+
+    async def _restart(self, runtime) -> None:
+        self.restarts += 1
+        self._record_event(P.BREAKER_L2, "active", "active", "restarting the engine",
+                           {"restart": self.restarts})
+        try:
+            await runtime.restart_engine()
+            if self.faults.failing:
+                self.faults.set("none")  # a drill's failure ends with the restart
+        except Exception as exc:
+            log.exception("engine restart failed")
+            self._record_event(P.BREAKER_L2, "active", "active", f"restart failed: {exc}", {})
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()

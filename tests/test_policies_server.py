@@ -1,0 +1,295 @@
+"""Degradation policies on a real engine: each trips on its condition (driven by
+fault injection or real load) and recovers; overrides beat automatic decisions,
+expire, and survive a restart; shed requests get 503 + Retry-After and a row.
+
+One server for the module, with short timings (tests/data/policies_fast.yaml) so a
+trip-and-recover cycle takes seconds, a keys file with a VIP key, and a small KV cache
+so memory pressure is reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, start_server, stop_server
+
+DATA = Path(__file__).parent / "data"
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+VIP, PLAIN, BULK = "sk-test-vip", "sk-test-plain", "sk-test-bulk"
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory):
+    srv = _start(tmp_path_factory.mktemp("guarded"))
+    yield srv
+    stop_server(srv)
+
+
+def _start(tmp: Path):
+    return start_server(tmp, "--keys", str(DATA / "keys.yaml"), "--policies",
+                        str(DATA / "policies_fast.yaml"), "--enable-fault-injection",
+                        "--retrain-interval", "0", "--reselect-interval", "0",
+                        "--", "--kv-cache-memory-bytes", str(16 * 1024 * 1024))
+
+
+def complete(srv, key: str = PLAIN, words: int = 20, max_tokens: int = 4,
+             timeout: float = 120) -> httpx.Response:
+    return httpx.post(srv.url + "/v1/completions", timeout=timeout,
+                      headers={"Authorization": f"Bearer {key}"},
+                      json={"model": "tailguard-tiny-llama", "prompt": "word " * words,
+                            "max_tokens": max_tokens, "ignore_eos": True})
+
+
+def policies(srv) -> dict:
+    resp = httpx.get(srv.url + "/admin/policies", headers=AUTH, timeout=30)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def state(srv, name: str) -> str:
+    return next(p for p in policies(srv)["policies"] if p["policy"] == name)["effective"]
+
+
+def wait_for(predicate, timeout: float = 60, every: float = 0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def fault(srv, mode: str, **kw) -> None:
+    resp = httpx.put(srv.url + "/admin/faults", headers=AUTH, timeout=10,
+                     json={"mode": mode, **kw})
+    assert resp.status_code == 200, resp.text
+
+
+def override(srv, name: str, mode: str, reason: str = "test", **kw) -> httpx.Response:
+    return httpx.put(srv.url + f"/admin/policies/{name}", headers=AUTH, timeout=10,
+                     json={"mode": mode, "reason": reason, **kw})
+
+
+def transitions(srv, policy: str) -> list[tuple[str, str]]:
+    rows = srv.sql(f"SELECT from_state, to_state FROM policy_events WHERE policy = "
+                   f"'{policy}' ORDER BY ts")
+    return [(r["from_state"], r["to_state"]) for r in rows]
+
+
+def request_row(srv, resp: httpx.Response) -> dict:
+    rid = resp.headers.get("x-request-id")
+    rows = srv.sql(f"SELECT * FROM requests WHERE request_id = '{rid}'")
+    assert len(rows) == 1, (rid, rows)
+    return rows[0]
+
+
+def test_no_key_or_a_wrong_key_is_401_with_a_row(guarded):
+    resp = complete(guarded, key="sk-nope")
+    assert resp.status_code == 401
+    assert resp.json()["error"]["code"] == "invalid_api_key"
+    assert request_row(guarded, resp)["status"] == "rejected"
+
+
+def test_the_key_sets_the_priority_and_a_header_cannot_raise_it(guarded):
+    bulk = httpx.post(guarded.url + "/v1/completions", timeout=60,
+                      headers={"Authorization": f"Bearer {BULK}",
+                               "X-Tailguard-Priority": "realtime"},
+                      json={"model": "tailguard-tiny-llama", "prompt": "hi", "max_tokens": 2})
+    assert bulk.status_code == 200
+    assert request_row(guarded, bulk)["priority"] == "batch"
+    assert request_row(guarded, complete(guarded, VIP))["priority"] == "realtime"
+
+
+def test_token_cap_trips_on_queue_depth_and_recovers(guarded):
+    fault(guarded, "stall", timeout_s=60)
+    with ThreadPoolExecutor(12) as pool:
+        stalled = [pool.submit(complete, guarded, PLAIN, 20, 4) for _ in range(7)]
+        wait_for(lambda: state(guarded, "token_cap") == "active")
+        capped = pool.submit(complete, guarded, PLAIN, 20, 400)
+        time.sleep(0.5)
+        fault(guarded, "none")
+        assert all(f.result().status_code == 200 for f in stalled)
+        resp = capped.result()
+    assert resp.status_code == 200
+    row = request_row(guarded, resp)
+    assert row["max_tokens"] == 256 and "cap_max_tokens:256" in row["policy_actions"]
+    wait_for(lambda: state(guarded, "token_cap") == "inactive", timeout=30)
+    assert transitions(guarded, "token_cap")[-3:] == [
+        ("inactive", "active"), ("active", "recovering"), ("recovering", "inactive")]
+
+
+def test_breaker_l1_sheds_non_vip_with_retry_after_and_recovers(guarded):
+    fault(guarded, "slow", delay_s=0.8)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: complete(guarded), range(8)))
+    wait_for(lambda: state(guarded, "breaker_l1") == "active", timeout=30)
+    shed = complete(guarded, PLAIN)
+    assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
+    assert shed.json()["error"]["code"] == "shed"
+    row = request_row(guarded, shed)
+    assert row["status"] == "rejected" and row["policy_actions"] == ["shed:breaker_l1"]
+    assert policies(guarded)["limiter"]["limit"] == 1  # batching stopped
+    fault(guarded, "none")
+    assert complete(guarded, VIP).status_code == 200  # VIP still served
+    wait_for(lambda: state(guarded, "breaker_l1") == "inactive", timeout=60)
+    assert complete(guarded, PLAIN).status_code == 200
+
+
+def test_an_override_beats_the_automatic_state_and_expires(guarded):
+    assert override(guarded, "vip_only", "force_on", "drill", ttl_s=3).status_code == 200
+    assert state(guarded, "vip_only") == "active"
+    assert complete(guarded, PLAIN).status_code == 503
+    assert complete(guarded, VIP).status_code == 200
+    wait_for(lambda: state(guarded, "vip_only") == "inactive", timeout=15)
+    assert complete(guarded, PLAIN).status_code == 200
+    audit = httpx.get(guarded.url + "/admin/audit", headers=AUTH, timeout=10).json()
+    assert audit["overrides"][0]["policy"] == "vip_only"
+    assert audit["overrides"][0]["reason"] == "drill"
+    assert any(e["policy"] == "vip_only" and e["reason"] == "override expired"
+               for e in audit["events"])
+
+
+def test_force_off_holds_a_policy_down_while_its_condition_holds(guarded):
+    assert override(guarded, "token_cap", "force_off", "investigating").status_code == 200
+    fault(guarded, "stall", timeout_s=60)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            stalled = [pool.submit(complete, guarded) for _ in range(7)]
+            wait_for(lambda: next(p for p in policies(guarded)["policies"]
+                                  if p["policy"] == "token_cap")["state"] == "active")
+            assert state(guarded, "token_cap") == "inactive"  # effective: forced off
+            fault(guarded, "none")
+            assert all(f.result().status_code == 200 for f in stalled)
+    finally:
+        fault(guarded, "none")
+        override(guarded, "token_cap", "auto", "done")
+
+
+@pytest.mark.parametrize("body,status,code", [
+    ({"mode": "sideways", "reason": "x"}, 400, "invalid_mode"),
+    ({"mode": "force_on"}, 400, "reason_required"),
+    ({"mode": "force_on", "reason": "x", "ttl_s": "soon"}, 400, "invalid_ttl"),
+])
+def test_bad_overrides_are_400(guarded, body, status, code):
+    resp = httpx.put(guarded.url + "/admin/policies/vip_only", headers=AUTH, json=body,
+                     timeout=10)
+    assert resp.status_code == status and resp.json()["error"]["code"] == code
+
+
+def test_an_unknown_policy_is_404(guarded):
+    assert override(guarded, "nope", "force_on").status_code == 404
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/admin/policies"),
+                                         ("PUT", "/admin/policies/vip_only"),
+                                         ("GET", "/admin/audit"), ("PUT", "/admin/faults")])
+def test_the_policy_api_needs_the_token(guarded, method, path):
+    assert httpx.request(method, guarded.url + path, timeout=10,
+                         json={"mode": "force_on", "reason": "x"}).status_code == 401
+
+
+def test_load_trips_vip_only_truncation_and_predicted_miss_then_they_recover(guarded):
+    stop = threading.Event()
+
+    def hammer():
+        while not stop.is_set():
+            complete(guarded, VIP, words=1500, max_tokens=8)
+
+    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: state(guarded, "truncation") == "active", timeout=60)
+        long_doc = complete(guarded, VIP, words=3000, max_tokens=2)
+        assert long_doc.status_code == 200
+        assert long_doc.json()["usage"]["prompt_tokens"] == 2048
+        assert any(a.startswith("truncate:") for a in request_row(guarded, long_doc)
+                   ["policy_actions"])
+        wait_for(lambda: state(guarded, "vip_only") == "active", timeout=30)
+        assert complete(guarded, PLAIN).status_code == 503
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    for name in ("vip_only", "truncation", "predicted_miss"):
+        wait_for(lambda: state(guarded, name) == "inactive", timeout=60)
+
+
+def test_memory_pressure_lowers_the_concurrency_limit(guarded):
+    before = policies(guarded)["limiter"]["limit"]
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(complete, guarded, VIP, 1500, 200) for _ in range(6)]
+        wait_for(lambda: state(guarded, "memory_pressure") == "active", timeout=60)
+        assert policies(guarded)["limiter"]["limit"] <= max(1, before // 2)
+        assert all(f.result().status_code == 200 for f in futures)
+    wait_for(lambda: state(guarded, "memory_pressure") == "inactive", timeout=60)
+
+
+def test_batch_control_cuts_the_limit_after_three_slow_windows(guarded):
+    limit = policies(guarded)["limiter"]["limit"]
+    fault(guarded, "slow", delay_s=0.4)
+    try:
+        stop = threading.Event()
+
+        def trickle():
+            while not stop.is_set():
+                complete(guarded, VIP)
+
+        threads = [threading.Thread(target=trickle) for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: any(r["to_state"] != r["from_state"] for r in guarded.sql(
+            "SELECT from_state, to_state FROM policy_events WHERE policy = 'batch_control'"
+            " AND reason LIKE 'TTFT P99%'")), timeout=60)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        fault(guarded, "none")
+    assert policies(guarded)["policies"][-1]["limit"] < limit or limit == 8
+
+
+def test_breaker_l2_restarts_the_engine_and_recovers(guarded):
+    fault(guarded, "error")
+    failed = complete(guarded, VIP)
+    assert failed.status_code >= 500
+    assert request_row(guarded, failed)["status"] == "error"
+    wait_for(lambda: state(guarded, "breaker_l2") == "active", timeout=20)
+    during = complete(guarded, VIP, timeout=30)
+    assert during.status_code == 503 and "retry-after" in during.headers
+    wait_for(lambda: complete(guarded, VIP).status_code == 200, timeout=180, every=2)
+    wait_for(lambda: state(guarded, "breaker_l2") == "inactive", timeout=60)
+    events = guarded.sql("SELECT reason FROM policy_events WHERE policy = 'breaker_l2'")
+    assert any(e["reason"] == "restarting the engine" for e in events)
+
+
+def test_overrides_survive_a_restart(tmp_path):
+    srv = _start(tmp_path)
+    try:
+        assert override(srv, "vip_only", "force_on", "maintenance", ttl_s=3600,
+                        actor="alice").status_code == 200
+    finally:
+        stop_server(srv)
+    again = _start(tmp_path)
+    try:
+        vip_only = next(p for p in policies(again)["policies"] if p["policy"] == "vip_only")
+        assert vip_only["effective"] == "active"
+        assert vip_only["override"]["actor"] == "alice"
+        assert complete(again, PLAIN).status_code == 503
+    finally:
+        stop_server(again)
+
+
+def test_fault_injection_is_off_on_a_normal_server(server):
+    resp = httpx.put(server.url + "/admin/faults", headers=AUTH, json={"mode": "error"},
+                     timeout=10)
+    assert resp.status_code == 403 and json.loads(resp.text)["error"]["code"] == \
+        "fault_injection_off"
