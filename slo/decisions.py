@@ -20,6 +20,8 @@ class Decisions:
     max_tokens_cap: int | None = None
     truncate_tokens: int | None = None
     predicted_miss_factor: float | None = None  # demote/shed far predicted misses
+    memory_pressure: bool = False  # the concurrency limit is lowered for memory
+    recovering: bool = False  # breaker L1 recovering: batching restored gradually
     retry_after_s: int = 5
 
     @property
@@ -30,6 +32,10 @@ class Decisions:
             out.append(P.BREAKER_L2)
         if self.shed_non_vip:
             out.append(self.shed_non_vip)
+        elif self.recovering:
+            out.append(P.BREAKER_L1)
+        if self.memory_pressure:
+            out.append(P.MEMORY_PRESSURE)
         if self.max_tokens_cap is not None:
             out.append(P.TOKEN_CAP)
         if self.truncate_tokens is not None:
@@ -61,4 +67,6 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
         truncate_tokens=config.truncate_tokens if on(P.TRUNCATION) else None,
         predicted_miss_factor=(config.predicted_miss_factor if on(P.PREDICTED_MISS)
                                else None),
+        memory_pressure=on(P.MEMORY_PRESSURE),
+        recovering=states.get(P.BREAKER_L1) == RECOVERING,
         retry_after_s=max(1, round(retry_after_s)))

@@ -48,7 +48,10 @@ def quantile(values: list[float], q: float) -> float | None:
     if not values:
         return None
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    # the rank is ceil(q*n); q*n in floating point can land a hair above a whole
+    # number (0.07 * 100 = 7.000000000000001), which must not add a rank
+    rank = math.ceil(round(q * len(ordered), 9))
+    return ordered[min(len(ordered) - 1, max(0, rank - 1))]
 
 
 class OutcomeWindow:

@@ -87,7 +87,7 @@ class PolicyMachine:
     def step(self, now: float, breached: bool, reason: str, details: dict) -> Transition | None:
         """Advance by one evaluation; the transition, if one happened."""
         if breached:
-            self.breached_since = self.breached_since if self.breached_since else now
+            self.breached_since = now if self.breached_since is None else self.breached_since
         else:
             self.breached_since = None
         if self.state == INACTIVE and breached:
