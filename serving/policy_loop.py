@@ -15,10 +15,14 @@ from slo import policies as P
 from slo.batch_control import BatchController
 from slo.decisions import Decisions, decide
 from slo.live import OutcomeWindow, SampleWindow, quantile
-from slo.policy import ACTIVE, INACTIVE, PolicyMachine, Transition
+from slo.policy import ACTIVE, FORCE_OFF, INACTIVE, PolicyMachine, Transition
 
 log = logging.getLogger("tailguard.policy")
 BREAKER_WINDOW_S = 10.0  # the P99 the breaker watches; it must stay high for 30 s
+
+
+def _never(signals, config, active):
+    return False, "a controller, not a condition", {}
 
 
 class PolicyEngine:
@@ -30,6 +34,10 @@ class PolicyEngine:
         self.conditions = {name: cond for name, (cond, _) in table.items()}
         self.machines = {name: PolicyMachine(name, timing)
                          for name, (_, timing) in table.items()}
+        # Batch control is a controller, always on; its machine only carries an
+        # operator's override (force_off: the limit stays at the cap).
+        self.conditions[P.BATCH_CONTROL] = _never
+        self.machines[P.BATCH_CONTROL] = PolicyMachine(P.BATCH_CONTROL, config.timing())
         self.batch = BatchController(config)
         self.ttft = SampleWindow(60.0)
         self.outcomes = OutcomeWindow(BREAKER_WINDOW_S * 3)
@@ -73,19 +81,28 @@ class PolicyEngine:
             moved = machine.step(now, breached, reason, details)
             if moved is not None:
                 self._event(moved)
-        batch_p99 = quantile(self.ttft.values(now, self.config.batch_window_s), 0.99)
-        change = self.batch.step(now, batch_p99, signals.load)
-        if change is not None:
-            self._record_event(P.BATCH_CONTROL, f"limit={change.old}", f"limit={change.new}",
-                               change.reason, change.details)
+        self._control_batch(now, signals.load)
         states = self.effective_states()
         for name, state in states.items():
             self._set_gauge(name, 1 if state == ACTIVE else 0)
+        self._set_gauge(P.BATCH_CONTROL, int(self.batch.limit < self.config.batch_cap))
         self.decisions = decide(states, self.batch.limit, self.config, self.config.backoff_s)
         return self.decisions
 
+    def _control_batch(self, now: float, load: float) -> None:
+        override = self.machines[P.BATCH_CONTROL].override
+        if override is not None and override.mode == FORCE_OFF:
+            self.batch.limit = self.config.batch_cap
+            return
+        batch_p99 = quantile(self.ttft.values(now, self.config.batch_window_s), 0.99)
+        change = self.batch.step(now, batch_p99, load)
+        if change is not None:
+            self._record_event(P.BATCH_CONTROL, f"limit={change.old}", f"limit={change.new}",
+                               change.reason, change.details)
+
     def effective_states(self) -> dict[str, str]:
-        return {name: m.effective for name, m in self.machines.items()}
+        return {name: m.effective for name, m in self.machines.items()
+                if name != P.BATCH_CONTROL}
 
     def _event(self, moved: Transition) -> None:
         log.info("policy %s: %s -> %s (%s)", moved.policy, moved.from_state, moved.to_state,
@@ -98,10 +115,12 @@ class PolicyEngine:
         for name, m in self.machines.items():
             o = m.override
             out.append({"policy": name, "state": m.state, "effective": m.effective,
-                        "since": m.since if m.state != INACTIVE or m.since else None, "backoff_s": m.backoff_s,
+                        "since": m.since or None, "backoff_s": m.backoff_s,
                         "override": None if o is None else {
                             "mode": o.mode, "reason": o.reason, "actor": o.actor,
                             "created": o.created, "expires": o.expires}})
-        out.append({"policy": P.BATCH_CONTROL, "state": "active", "effective": "active",
-                    "limit": self.batch.limit, "override": None})
+        batch = out[-1]  # the controller: on unless forced off
+        forced_off = batch["override"] is not None and batch["override"]["mode"] == FORCE_OFF
+        batch.update(state=ACTIVE, effective=INACTIVE if forced_off else ACTIVE,
+                     limit=self.batch.limit)
         return out

@@ -10,6 +10,7 @@ waits on the server (open loop: a slow server does not slow the offered load).
   burst test);
 - mixed: steady arrivals with bimodal lengths, 70% chat (200-500 prompt tokens) and
   30% documents (up to the model's context).
+- surge: burst's shape (3x through the middle third) with mixed's lengths.
 - diurnal: a day compressed into `period_s`: the rate swings between 10% and 100% of
   the target on a cosine, with 3x bursts of 15 s at random moments, mixed lengths and
   max_tokens from 8 to twice `output_tokens` (what the predictor and the memory
@@ -22,8 +23,8 @@ import math
 import random
 from dataclasses import dataclass
 
-SCENARIOS = ("steady", "ramp", "burst", "mixed", "diurnal")
-MIXED_LENGTHS = ("mixed", "diurnal")
+SCENARIOS = ("steady", "ramp", "burst", "mixed", "diurnal", "surge")
+MIXED_LENGTHS = ("mixed", "diurnal", "surge")
 DIURNAL_FLOOR = 0.1
 BURST_S = 15.0
 BURSTS_PER_PERIOD = 2
@@ -69,7 +70,8 @@ class Workload:
     def rate_at(self, t: float) -> float:
         if self.scenario == "ramp":
             return self.rate * t / self.duration_s
-        if self.scenario == "burst" and self.duration_s / 3 <= t < 2 * self.duration_s / 3:
+        if self.scenario in ("burst", "surge") and (self.duration_s / 3 <= t
+                                                     < 2 * self.duration_s / 3):
             return 3 * self.rate
         if self.scenario == "diurnal":
             day = DIURNAL_FLOOR + (1 - DIURNAL_FLOOR) * (1 - math.cos(2 * math.pi * t
@@ -86,7 +88,7 @@ class Workload:
     def arrivals(self) -> list[Arrival]:
         """Poisson arrivals by thinning against the peak rate (exact for any shape)."""
         rng = random.Random(self.seed)
-        peak = 3 * self.rate if self.scenario in ("burst", "diurnal") else self.rate
+        peak = 3 * self.rate if self.scenario in ("burst", "diurnal", "surge") else self.rate
         out, t = [], 0.0
         while len(out) < self.max_requests:
             t += rng.expovariate(peak)

@@ -1,0 +1,167 @@
+"""Benchmark: degradation policies on vs off under a 3x surge, and breaker recovery.
+
+One tailguard server on the embedded model (48 MiB KV cache, a keys file with
+realtime, VIP and batch clients). Each round runs the `surge` workload (mixed
+context lengths, 3x rate through the middle third) twice, policies off (every
+policy forced off, batch control too) then on (all auto), alternating so both sides
+see the same machine noise. Traffic: 60% realtime, 10% VIP, 30% batch keys.
+
+Then a breaker drill: steady load, an injected slow engine long enough to trip
+breaker L1, the fault cleared, and throughput after the clear against before.
+
+    python bench/policy_surge.py --rounds 2 --rate 2.5 --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from serving.launcher import wait_ready
+from serving.loadgen import Target, run
+from serving.workload import Workload
+from slo.targets import DEFAULT_TTFT_TARGET
+
+KEYS = {"realtime": ("sk-bench-rt", 0.6), "vip": ("sk-bench-vip", 0.1),
+        "batch": ("sk-bench-batch", 0.3)}
+KEYS_YAML = """keys:
+  - {name: rt, key: sk-bench-rt, tier: realtime}
+  - {name: vip, key: sk-bench-vip, tier: realtime, vip: true}
+  - {name: bulk, key: sk-bench-batch, tier: batch}
+"""
+TOKEN = "bench-admin-token"
+POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressure",
+            "truncation", "predicted_miss", "batch_control")
+
+
+def start(tmp: Path, port: int) -> subprocess.Popen:
+    (tmp / "keys.yaml").write_text(KEYS_YAML)
+    log = tmp / "server.log"
+    cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port),
+           "--db", str(tmp / "trace.duckdb"), "--keys", str(tmp / "keys.yaml"),
+           "--enable-fault-injection", "--retrain-interval", "0",
+           "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024)]
+    env = {**__import__("os").environ, "TAILGUARD_ADMIN_TOKEN": TOKEN}
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+    wait_ready(f"http://127.0.0.1:{port}", proc, log)
+    return proc
+
+
+def admin(url: str, method: str, path: str, body: dict | None = None) -> dict:
+    resp = httpx.request(method, url + path, json=body, timeout=30,
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+    resp.raise_for_status()
+    return resp.json()
+
+
+def set_policies(url: str, mode: str) -> None:
+    for name in POLICIES:
+        admin(url, "PUT", f"/admin/policies/{name}", {"mode": mode, "reason": "benchmark side"})
+
+
+async def drive(url: str, scenario: str, rate: float, duration: float, seed: int) -> dict:
+    """Run one workload split over the three keys; results per key."""
+    runs = {}
+    for i, (kind, (key, share)) in enumerate(KEYS.items()):
+        workload = Workload(scenario, rate * share, duration, 100_000, seed=seed * 10 + i)
+        runs[kind] = run(Target(url, "tailguard-tiny-llama", key, timeout_s=120, drain_s=60),
+                         workload)
+    results = await asyncio.gather(*runs.values())
+    return dict(zip(runs, results))
+
+
+def meets(r) -> bool:
+    return (r.status == "ok" and r.ttft_s is not None and r.prompt_tokens is not None
+            and r.ttft_s <= DEFAULT_TTFT_TARGET(r.prompt_tokens))
+
+
+def summarize(by_key: dict, duration: float) -> dict:
+    every = [r for rs in by_key.values() for r in rs]
+    realtime = [r for kind in ("realtime", "vip") for r in by_key[kind] if r.status == "ok"]
+    shed = sum(r.http_status == 503 for r in every)
+    return {"offered": len(every), "ok": sum(r.status == "ok" for r in every), "shed": shed,
+            "goodput_rps": sum(meets(r) for r in every) / duration,
+            "realtime_admitted": len(realtime),
+            "realtime_attainment": (sum(meets(r) for r in realtime) / len(realtime)
+                                    if realtime else None)}
+
+
+def surge_rounds(url: str, rounds: int, rate: float, duration: float) -> list[dict]:
+    out = []
+    for rnd in range(rounds):
+        for side, mode in (("off", "force_off"), ("on", "auto")):
+            set_policies(url, mode)
+            time.sleep(5)
+            by_key = asyncio.run(drive(url, "surge", rate, duration, rnd))
+            row = {"round": rnd, "side": side, **summarize(by_key, duration)}
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    set_policies(url, "auto")
+    return out
+
+
+def breaker_drill(url: str, rate: float, fault_s: float) -> dict:
+    """Throughput (ok/s) in the 10 s before the fault and in [20, 30] s after it clears."""
+    async def scenario():
+        load = asyncio.create_task(drive(url, "steady", rate, 30 + fault_s + 40, 99))
+        await asyncio.sleep(30)
+        admin(url, "PUT", "/admin/faults", {"mode": "slow", "delay_s": 2.0})
+        fault_at = time.monotonic()
+        await asyncio.sleep(fault_s)
+        admin(url, "PUT", "/admin/faults", {"mode": "none"})
+        clear_at = time.monotonic()
+        return await load, fault_at, clear_at
+
+    started = time.monotonic()
+    by_key, fault_at, clear_at = asyncio.run(scenario())
+    done = [r.sent_s + (r.e2e_s or 0) for rs in by_key.values() for r in rs if r.status == "ok"]
+    base = sum(fault_at - started - 10 <= t < fault_at - started for t in done) / 10
+    after = sum(clear_at - started + 20 <= t < clear_at - started + 30 for t in done) / 10
+    events = admin(url, "GET", "/admin/audit")["events"]
+    return {"baseline_rps": base, "after_20_30s_rps": after,
+            "recovered": after / base if base else None,
+            "breaker_events": [(e["from_state"], e["to_state"]) for e in events
+                               if e["policy"] == "breaker_l1"][::-1]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rate", type=float, default=2.5, help="base requests/s (surge 3x)")
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--drill-rate", type=float, default=2.0)
+    ap.add_argument("--fault-s", type=float, default=45.0)
+    ap.add_argument("--port", type=int, default=8133)
+    args = ap.parse_args()
+    url = f"http://127.0.0.1:{args.port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start(Path(tmp), args.port)
+        try:
+            rows = surge_rounds(url, args.rounds, args.rate, args.duration)
+            drill = breaker_drill(url, args.drill_rate, args.fault_s)
+        finally:
+            server.terminate()
+            server.wait(timeout=120)
+    for side in ("off", "on"):
+        mine = [r for r in rows if r["side"] == side]
+        print(side, "goodput", [round(r["goodput_rps"], 3) for r in mine],
+              "attainment", [r["realtime_attainment"] for r in mine])
+    ratios = [on["goodput_rps"] / off["goodput_rps"] for off, on in
+              zip(rows[::2], rows[1::2]) if off["goodput_rps"]]
+    if ratios:
+        print(f"goodput on/off per round: {[round(x, 2) for x in ratios]}, "
+              f"median {statistics.median(ratios):.2f}")
+    print("breaker drill:", json.dumps(drill))
+
+
+if __name__ == "__main__":
+    main()
