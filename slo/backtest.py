@@ -8,6 +8,7 @@ the lowest MAE: the LSTM has to earn its place against the baselines every time.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from slo.series import Series, horizon_steps
 
 BOUNDS: Final = {"kv_cache_usage": (0.0, 1.0), "rss_bytes": (0.0, np.inf)}
 FORMAT: Final = 1
+log = logging.getLogger("tailguard.forecast")
 KIND: Final = "memory forecaster"
 
 
@@ -81,8 +83,14 @@ def backtest(series: Series, target: str, horizon_s: float = 300.0, train_share:
         raise ValueError(f"series of {len(series)} steps is too short to backtest a "
                          f"{horizon_s:.0f} s horizon")
     actual = series.column(target)[origins + h]
-    scores = [_score(model, series, target, h, origins, actual, refit_every)
-              for model in factory()]
+    scores = []
+    for model in factory():
+        try:
+            scores.append(_score(model, series, target, h, origins, actual, refit_every))
+        except ValueError as exc:  # e.g. too little history for this model: skip it
+            log.warning("backtest: %s skipped: %s", model.name, exc)
+    if not scores:
+        raise ValueError(f"no model can be fitted on {train_steps} training steps")
     scores.sort(key=lambda s: s.mae)
     return Backtest(target, horizon_s, series.step_s, train_steps, tuple(scores))
 

@@ -4,9 +4,13 @@ What makes it competitive with the baselines, each chosen for a reason:
 - exogenous load: the window carries the engine's running and waiting requests and
   its token and finish rates, not only the memory series, so it can see load that has
   arrived but not yet filled the cache;
-- residual target: it predicts the change from the last value, scaled by the
-  target's spread, so an untrained network already equals the last-value baseline
-  and training only has to learn the correction;
+- residual target: it predicts the change from the mean of the last five minutes,
+  scaled by the target's spread, so an untrained network already equals a moving
+  average and training only has to learn the correction (from the last value
+  instead, one step's noise rides into every forecast: MAE 0.060 vs 0.034 on the
+  recorded diurnal trace);
+- three members trained from different seeds, averaged: on a few hundred training
+  windows one network's result depends on its seed; the average does not;
 - multi-step training: every step of the horizon is a training target, which gives
   the network many signals per window instead of one;
 - per-column standardisation from the training part only, and early stopping on the
@@ -35,10 +39,12 @@ class LSTMForecaster:
     epochs: int = 150
     patience: int = 15
     seed: int = 0
+    anchor_steps: int = 60  # the change is predicted from the mean of the last steps
+    members: int = 3  # networks trained from different seeds, averaged
     horizon: int = 1
     mean: np.ndarray = field(default_factory=lambda: np.zeros(0))
     scale: np.ndarray = field(default_factory=lambda: np.ones(0))
-    state: dict = field(default_factory=dict)  # the network's weights, as numpy
+    states: list = field(default_factory=list)  # each member's weights, as numpy
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -54,22 +60,26 @@ class LSTMForecaster:
         if len(origins) < 20:
             raise ValueError(f"lstm needs more than {self.window + horizon + 20} steps")
         X, Y = self._windows(cols, origins), self._residuals(cols, origins)
-        torch.manual_seed(self.seed)
-        net = _network(len(self.inputs), self.hidden, horizon)
-        self.state = _train(net, X, Y, self.epochs, self.patience, self.seed)
+        self.states = []
+        for seed in range(self.seed, self.seed + self.members):
+            torch.manual_seed(seed)
+            net = _network(len(self.inputs), self.hidden, horizon)
+            self.states.append(_train(net, X, Y, self.epochs, self.patience, seed))
         return self
 
     def forecast(self, series: Series, origins: np.ndarray) -> np.ndarray:
         import torch
 
         cols = self._columns(series)
-        net = _network(len(self.inputs), self.hidden, self.horizon)
-        net.load_state_dict({k: torch.from_numpy(v) for k, v in self.state.items()})
-        net.eval()
-        with torch.no_grad():
-            out = net(torch.from_numpy(self._windows(cols, origins))).numpy()
-        last = cols[origins, 0]
-        return last + out[:, -1] * self.scale[0]
+        windows = torch.from_numpy(self._windows(cols, origins))
+        out = np.zeros((len(origins), self.horizon))
+        for state in self.states:
+            net = _network(len(self.inputs), self.hidden, self.horizon)
+            net.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
+            net.eval()
+            with torch.no_grad():
+                out += net(windows).numpy() / len(self.states)
+        return self._anchor(cols[:, 0], origins) + out[:, -1] * self.scale[0]
 
     def _columns(self, series: Series) -> np.ndarray:
         return np.column_stack([series.column(name) for name in self.inputs])
@@ -80,10 +90,18 @@ class LSTMForecaster:
         idx = origins[:, None] + np.arange(self.window)[None, :]  # padded index
         return padded[idx].astype(np.float32)
 
+    def _anchor(self, y: np.ndarray, origins: np.ndarray) -> np.ndarray:
+        """Mean of the last `anchor_steps` values up to each origin: a steadier base
+        than the last value, which carries one step's noise into every forecast."""
+        csum = np.concatenate([[0.0], np.cumsum(y)])
+        start = np.maximum(0, origins + 1 - self.anchor_steps)
+        return (csum[origins + 1] - csum[start]) / (origins + 1 - start)
+
     def _residuals(self, cols: np.ndarray, origins: np.ndarray) -> np.ndarray:
         y = cols[:, 0]
         ahead = origins[:, None] + np.arange(1, self.horizon + 1)[None, :]
-        return ((y[ahead] - y[origins][:, None]) / self.scale[0]).astype(np.float32)
+        base = self._anchor(y, origins)[:, None]
+        return ((y[ahead] - base) / self.scale[0]).astype(np.float32)
 
 
 def _network(inputs: int, hidden: int, horizon: int):

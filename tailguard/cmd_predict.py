@@ -99,9 +99,11 @@ SERVED_SQL = """
 SELECT predictor_version AS model,
        count(*) AS requests,
        avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_mape,
-       avg(CASE WHEN ttft_s <= predicted_ttft_p90_s THEN 1 ELSE 0 END) AS ttft_p90_coverage,
+       avg(CASE WHEN predicted_ttft_p90_s IS NULL THEN NULL
+                WHEN ttft_s <= predicted_ttft_p90_s THEN 1 ELSE 0 END) AS ttft_p90_coverage,
        avg(abs(predicted_tpot_s - tpot_s) / tpot_s) AS tpot_mape,
-       avg(CASE WHEN tpot_s <= predicted_tpot_p90_s THEN 1 ELSE 0 END) AS tpot_p90_coverage
+       avg(CASE WHEN tpot_s IS NULL OR predicted_tpot_p90_s IS NULL THEN NULL
+                WHEN tpot_s <= predicted_tpot_p90_s THEN 1 ELSE 0 END) AS tpot_p90_coverage
 FROM requests
 WHERE status = 'ok' AND ttft_s > 0 AND predicted_ttft_s IS NOT NULL
 GROUP BY ALL ORDER BY requests DESC

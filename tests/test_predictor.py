@@ -14,8 +14,16 @@ from slo import modelfile
 from slo.accuracy import accuracy, improvement
 from slo.features import FEATURES, TrainingSet, training_sql
 from slo.forest import compile_forest
-from slo.predictor import (FORMAT, KIND, MIN_ROWS, SeedModel, e2e_s, load_model, seed_ttft_s,
-                           train)
+from slo.predictor import (
+    FORMAT,
+    KIND,
+    MIN_ROWS,
+    SeedModel,
+    e2e_s,
+    load_model,
+    seed_ttft_s,
+    train,
+)
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 COL = {name: j for j, name in enumerate(FEATURES)}
@@ -25,6 +33,7 @@ COL = {name: j for j, name in enumerate(FEATURES)}
 def one_thread():
     """One OpenMP thread per fit: on a busy 2-core box, scikit-learn's default thread
     count made `train` ~12x slower (20 s instead of 1.6 s) through contention."""
+    import sklearn.ensemble  # noqa: F401  (loads the OpenMP runtime the limit applies to)
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
@@ -44,10 +53,11 @@ def _regression_data(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 SETTINGS = [
-    dict(loss="quantile", quantile=0.5, max_iter=20, max_depth=3),
-    dict(loss="quantile", quantile=0.9, max_iter=60, max_depth=None, max_leaf_nodes=15),
-    dict(loss="quantile", quantile=0.1, max_iter=40, max_depth=8, min_samples_leaf=5),
-    dict(loss="squared_error", max_iter=30, max_depth=5),
+    {"loss": "quantile", "quantile": 0.5, "max_iter": 20, "max_depth": 3},
+    {"loss": "quantile", "quantile": 0.9, "max_iter": 60, "max_depth": None,
+     "max_leaf_nodes": 15},
+    {"loss": "quantile", "quantile": 0.1, "max_iter": 40, "max_depth": 8, "min_samples_leaf": 5},
+    {"loss": "squared_error", "max_iter": 30, "max_depth": 5},
 ]
 
 
@@ -127,7 +137,8 @@ def test_seed_predicts_tpot_by_context_bucket_and_one_value_per_quantile(prompt_
     row[COL["pending_requests"]] = 30  # the seed knows nothing of load
     ttft = seed_ttft_s(prompt_tokens)
     assert SeedModel().predict(row).tolist() == [ttft, ttft, tpot_s, tpot_s]
-    assert SeedModel().predict_many(np.stack([row, row])).tolist() == [[ttft, ttft, tpot_s, tpot_s]] * 2
+    assert SeedModel().predict_many(np.stack([row, row])).tolist() == [
+        [ttft, ttft, tpot_s, tpot_s]] * 2
 
 
 def test_seed_predict_many_of_nothing_is_an_empty_table():
@@ -151,7 +162,8 @@ def synthetic(rows: int, seed: int = 0) -> TrainingSet:
     X[:, COL["max_tokens"]] = rng.choice([64, 256, 1024], rows)
     X[:, COL["pending_requests"]] = rng.integers(0, 20, rows)
     X[:, COL["queue_depth"]] = X[:, COL["pending_requests"]]
-    X[:, COL["pending_prefill_tokens"]] = X[:, COL["pending_requests"]] * rng.integers(10, 500, rows)
+    X[:, COL["pending_prefill_tokens"]] = (X[:, COL["pending_requests"]]
+                                           * rng.integers(10, 500, rows))
     X[:, COL["running_requests"]] = rng.integers(1, 32, rows)
     X[:, COL["kv_cache_usage"]] = rng.random(rows)
     X[:, COL["recent_step_s"]] = rng.uniform(0.005, 0.03, rows)
@@ -171,7 +183,7 @@ def trained():
 
 
 def test_training_learns_the_relation_and_beats_the_seed(trained):
-    model, train_part, test_part = trained
+    model, _, test_part = trained
     assert (model.rows, model.window) == (2100, (T0, T0 + 2099))
     assert model.features == FEATURES and model.version.startswith("hgb-")
     seed, learned = accuracy(SeedModel(), test_part), accuracy(model, test_part)
