@@ -29,7 +29,8 @@ class Refused(Exception):
 
 def shed_error(policy: str, retry_after_s: int) -> ApiError:
     return ApiError(503, "shed", f"overloaded: request shed by the {policy} policy; retry "
-                    f"after {retry_after_s} s", headers={"Retry-After": str(retry_after_s)})
+                    f"after {retry_after_s} s", headers={"Retry-After": str(retry_after_s)},
+                    shed=True)
 
 
 class Admission:
@@ -47,7 +48,7 @@ class Admission:
         if d.restarting:
             rec.policy_actions.append("reject:breaker_l2")
             raise ApiError(503, "engine_restarting", "the engine is restarting",
-                           headers={"Retry-After": str(d.retry_after_s)})
+                           headers={"Retry-After": str(d.retry_after_s)}, shed=True)
         if d.shed_non_vip and not rec.vip:
             rec.policy_actions.append(f"shed:{d.shed_non_vip}")
             raise shed_error(d.shed_non_vip, d.retry_after_s)
@@ -82,7 +83,7 @@ class Admission:
         except LimiterTimeout as exc:
             self.load.release(prompt_tokens)
             rec.refusal = ApiError(503, "admission_timeout", str(exc),
-                                   headers={"Retry-After": str(d.retry_after_s)})
+                                   headers={"Retry-After": str(d.retry_after_s)}, shed=True)
             raise Refused(str(exc)) from None
         except BaseException:
             self.load.release(prompt_tokens)

@@ -31,15 +31,17 @@ class ApiError(Exception):
     """A request we refuse (4xx) or fail (5xx), with everything the row needs."""
 
     def __init__(self, status: int, error_type: str, message: str,
-                 param: str | None = None, headers: dict | None = None):
+                 param: str | None = None, headers: dict | None = None,
+                 shed: bool = False):
         super().__init__(message)
         self.status, self.error_type, self.message = status, error_type, message
-        self.param, self.headers = param, headers
+        self.param, self.headers, self.shed = param, headers, shed
 
     @property
     def outcome(self) -> str:
-        """The trace log's `status` column for this error."""
-        return R.STATUS_ERROR if self.status >= 500 else R.STATUS_REJECTED
+        """The trace log's `status` column: a policy's 503 is a rejection (the server
+        chose it), not an error."""
+        return R.STATUS_ERROR if self.status >= 500 and not self.shed else R.STATUS_REJECTED
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message,

@@ -56,7 +56,7 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
     except ApiError as exc:
         rec.fail(exc.status, exc.error_type, exc.message, exc.outcome)
         runtime.observer.finish(rec, span)
-        return exc.response()
+        return _with_id(exc.response(), rec)
     except ClientGone:
         rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", R.STATUS_ABORTED)
         runtime.observer.finish(rec, span)
@@ -66,12 +66,20 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
         error = ApiError(500, "internal_error", f"internal error: {type(exc).__name__}")
         rec.fail(error.status, error.error_type, str(exc), error.outcome)
         runtime.observer.finish(rec, span)
-        return error.response()
+        return _with_id(error.response(), rec)
     if isinstance(result, AsyncIterator):
         stream = _observed_stream(result, rec, span, runtime)
-        return StreamingResponse(stream, media_type="text/event-stream")
+        return _with_id(StreamingResponse(stream, media_type="text/event-stream"), rec)
     runtime.observer.finish(rec, span)
-    return JSONResponse(result.model_dump())
+    return _with_id(JSONResponse(result.model_dump()), rec)
+
+
+def _with_id(response, rec):
+    """Every answer names its trace-log row (`X-Request-Id`), refusals too."""
+    response.headers["X-Request-Id"] = rec.request_id
+    if rec.policy_actions:
+        response.headers["X-Tailguard-Policy-Actions"] = ",".join(rec.policy_actions)
+    return response
 
 
 async def _start(serving, handler: str, request, raw: Request, rec):

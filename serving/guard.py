@@ -54,7 +54,10 @@ class Guard:
     # --- the loop ------------------------------------------------------------------------
 
     def start(self, runtime) -> None:
-        self.overrides_restored = self.overrides.restore()
+        restored = self.overrides.restore()
+        if restored:
+            log.warning("overrides in force from before the restart: %s", ", ".join(restored))
+        self.tick(runtime)
         self._task = asyncio.create_task(self._run(runtime))
 
     async def _run(self, runtime) -> None:

@@ -102,11 +102,11 @@ class Runtime:
         self.ledger.start()
         self._args = vllm_namespace(self.config.model, self.config.served_model_name,
                                     self.config.vllm_args)
+        self.guard.start(self)  # overrides restored and decided before the first request
         self.handle = await self._start_engine()
         self._ticker = asyncio.create_task(self._tick_engine_seconds())
         self.predictor.start()
         self.forecast.start()
-        self.guard.start(self)
         log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
                  self.config.db)
 

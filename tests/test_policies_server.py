@@ -234,7 +234,7 @@ def test_memory_pressure_lowers_the_concurrency_limit(guarded):
 
 
 def test_batch_control_cuts_the_limit_after_three_slow_windows(guarded):
-    limit = policies(guarded)["limiter"]["limit"]
+    limit = policies(guarded)["policies"][-1]["limit"]  # the controller's, before policies
     fault(guarded, "slow", delay_s=0.4)
     try:
         stop = threading.Event()
