@@ -1,7 +1,8 @@
 """Benchmark: what the latency prediction costs a request in the admission path.
 
 Times `Admission.admit` (load snapshot + feature row + the four quantile models +
-the prediction record), exactly what the server runs per request before the engine,
+the prediction record + the predicted-miss check + the limiter), exactly what the
+server runs per request before the engine when no policy holds it back,
 with a model trained on a recorded trace log, and, alternating in the same run, with
 the seed formula; also scikit-learn's own `predict` for the same four models, which
 is why the trees are compiled to numpy.
@@ -12,6 +13,7 @@ is why the trees are compiled to numpy.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import time
 
@@ -20,6 +22,8 @@ import numpy as np
 from observe.stats import RequestRecord
 from serving.admission import Admission
 from serving.engine_stats import EngineSecond
+from serving.faults import FaultInjector
+from serving.limiter import Limiter
 from serving.load import LoadTracker
 from serving.prediction import PredictionService
 from slo.features import TrainingSet, training_sql
@@ -27,14 +31,17 @@ from slo.predictor import SeedModel, train
 
 
 def time_admit(admission: Admission, prompts: np.ndarray) -> np.ndarray:
-    out = np.empty(len(prompts))
-    for i, prompt in enumerate(prompts.tolist()):
-        rec = RequestRecord(f"r{i}", time.monotonic(), "/v1/completions")
-        began = time.perf_counter()
-        admission.admit(rec, prompt, 64)
-        out[i] = time.perf_counter() - began
-        admission.release(prompt)
-    return out
+    async def loop():
+        out = np.empty(len(prompts))
+        for i, prompt in enumerate(prompts.tolist()):
+            rec = RequestRecord(f"r{i}", time.monotonic(), "/v1/completions")
+            began = time.perf_counter()
+            await admission.admit(rec, {"prompt_token_ids": [0] * prompt}, prompt, 64)
+            out[i] = time.perf_counter() - began
+            admission.release(prompt, holds_slot=True, pending=True)
+        return out
+
+    return asyncio.run(loop())
 
 
 def main() -> None:
@@ -49,7 +56,8 @@ def main() -> None:
                                             timeout_s=300).rows)
     model = train(data)
     service = PredictionService(None, None, retrain_interval_s=0)
-    admission = Admission(LoadTracker(EngineSecond()), service)
+    admission = Admission(LoadTracker(EngineSecond()), service, Limiter(64), FaultInjector(),
+                          lambda tokens: 0.5)
     prompts = np.random.default_rng(0).integers(10, 4000, args.calls)
     sides = {"trained": model, "seed": SeedModel()}
     samples = {name: [] for name in sides}
