@@ -9,7 +9,8 @@ see the same machine noise. Traffic: 60% realtime, 10% VIP, 30% batch keys.
 Then a breaker drill: steady load, an injected slow engine long enough to trip
 breaker L1, the fault cleared, and throughput after the clear against before.
 
-    python bench/policy_surge.py --rounds 2 --rate 2.5 --duration 60
+    python bench/policy_surge.py --rounds 2 --rate 4 --duration 150 \
+        --latency-model traces/diurnal.duckdb.models/latency.pkl
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,12 +45,16 @@ POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressur
             "truncation", "predicted_miss", "batch_control")
 
 
-def start(tmp: Path, port: int) -> subprocess.Popen:
+def start(tmp: Path, port: int, latency_model: str | None) -> subprocess.Popen:
     (tmp / "keys.yaml").write_text(KEYS_YAML)
+    if latency_model:  # what the server would have learnt from earlier traffic
+        (tmp / "models").mkdir()
+        shutil.copy(latency_model, tmp / "models" / "latency.pkl")
     log = tmp / "server.log"
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port),
            "--db", str(tmp / "trace.duckdb"), "--keys", str(tmp / "keys.yaml"),
            "--enable-fault-injection", "--retrain-interval", "0",
+           "--model-dir", str(tmp / "models"),
            "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024)]
     env = {**__import__("os").environ, "TAILGUARD_ADMIN_TOKEN": TOKEN}
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
@@ -141,10 +147,12 @@ def main() -> None:
     ap.add_argument("--drill-rate", type=float, default=2.0)
     ap.add_argument("--fault-s", type=float, default=45.0)
     ap.add_argument("--port", type=int, default=8133)
+    ap.add_argument("--latency-model", help="a trained latency model (tailguard predict "
+                    "train) for the predicted-miss policy; default: the seed formula")
     args = ap.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     with tempfile.TemporaryDirectory() as tmp:
-        server = start(Path(tmp), args.port)
+        server = start(Path(tmp), args.port, args.latency_model)
         try:
             rows = surge_rounds(url, args.rounds, args.rate, args.duration)
             drill = breaker_drill(url, args.drill_rate, args.fault_s)

@@ -74,6 +74,7 @@ class Guard:
             now, engine_failed=runtime.engine_failed,
             queue_depth=runtime.load.pending[0],
             kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
+        self.engine.saturated |= self.limiter.waiting > 0
         decisions = self.engine.evaluate(signals)
         self.limiter.limit = decisions.concurrency_limit
         runtime.admission.decisions = decisions

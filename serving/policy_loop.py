@@ -43,6 +43,7 @@ class PolicyEngine:
         self.outcomes = OutcomeWindow(BREAKER_WINDOW_S * 3)
         self.busy = SampleWindow(10.0)  # engine busy share per second
         self.last_signals: P.Signals | None = None
+        self.saturated = False  # requests waited for a slot since the last evaluation
         self.decisions: Decisions = decide({}, self.batch.limit, config)
 
     # --- inputs -------------------------------------------------------------------
@@ -95,7 +96,8 @@ class PolicyEngine:
             self.batch.limit = self.config.batch_cap
             return
         batch_p99 = quantile(self.ttft.values(now, self.config.batch_window_s), 0.99)
-        change = self.batch.step(now, batch_p99, load)
+        change = self.batch.step(now, batch_p99, load, self.saturated)
+        self.saturated = False
         if change is not None:
             self._record_event(P.BATCH_CONTROL, f"limit={change.old}", f"limit={change.new}",
                                change.reason, change.details)

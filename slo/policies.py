@@ -67,6 +67,7 @@ class PolicyConfig:
     batch_raise: float = 1.2
     batch_floor: int = 8
     batch_cap: int = 64
+    batch_initial: int = 16
     min_hold_s: float = 10.0
     backoff_s: float = 5.0
 
@@ -80,6 +81,8 @@ class PolicyConfig:
                 raise ValueError(f"{clear} must not exceed {trip} (hysteresis)")
         if not 1 <= self.batch_floor <= self.batch_cap:
             raise ValueError("batch_floor must be between 1 and batch_cap")
+        if not self.batch_floor <= self.batch_initial <= self.batch_cap:
+            raise ValueError("batch_initial must be between batch_floor and batch_cap")
 
     def timing(self, trip_after_s: float = 0.0) -> Timing:
         return Timing(trip_after_s=trip_after_s, min_hold_s=self.min_hold_s,

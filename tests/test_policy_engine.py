@@ -330,7 +330,9 @@ def test_memory_pressure_on_measured_or_forecast(usage, forecast, active, breach
     ({"min_hold_s": -0.1}, "min_hold_s must be >= 0"),
     ({"memory_clear": -0.1}, "memory_clear must be >= 0"),
     ({"batch_floor": 0}, "batch_floor must be between"),
-    ({"batch_floor": 65}, "batch_floor must be between")])
+    ({"batch_floor": 65}, "batch_floor must be between"),
+    ({"batch_initial": 4}, "batch_initial must be between"),
+    ({"batch_initial": 65}, "batch_initial must be between")])
 def test_bad_policy_configs_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         P.PolicyConfig(**kwargs)
@@ -338,7 +340,7 @@ def test_bad_policy_configs_are_refused(kwargs, message):
 
 @pytest.mark.parametrize("kwargs", [
     {}, {"load_clear": 0.8}, {"breaker_p99_clear_s": 1.5}, {"queue_depth_clear": 5},
-    {"batch_floor": 64}, {"batch_floor": 1}])
+    {"batch_floor": 64, "batch_initial": 64}, {"batch_floor": 1}])
 def test_edge_policy_configs_are_accepted(kwargs):
     P.PolicyConfig(**kwargs)
 
@@ -401,13 +403,13 @@ def _windows(controller: BatchController, windows: list[tuple]) -> list:
     ([BAD, BAD, BAD, (None, 0.59)], [None, None, (64, 51), (51, 62)], 62),
 ])
 def test_batch_windows(windows, expected, limit):
-    controller = BatchController(CONFIG)
+    controller = BatchController(CONFIG, limit=64)
     assert _windows(controller, windows) == expected
     assert controller.limit == limit
 
 
 def test_repeated_cuts_stop_at_the_floor():
-    controller = BatchController(CONFIG)
+    controller = BatchController(CONFIG, limit=64)
     changes = [c for c in _windows(controller, [BAD] * 33) if c is not None]
     assert changes == [(64, 51), (51, 40), (40, 32), (32, 25), (25, 20), (20, 16), (16, 12),
                        (12, 9), (9, 8)]
@@ -422,7 +424,7 @@ def test_raises_round_up_and_stop_at_the_cap():
 
 
 def test_calls_inside_a_window_are_ignored():
-    controller = BatchController(CONFIG)
+    controller = BatchController(CONFIG, limit=64)
     assert controller.step(T0, None, 0.0) is None
     for t in (T0 + 1, T0 + 2, T0 + 4.99):
         assert controller.step(t, 9.0, 0.9) is None
@@ -437,7 +439,7 @@ def test_calls_inside_a_window_are_ignored():
 
 
 def test_limit_changes_carry_reason_and_details():
-    controller = BatchController(CONFIG)
+    controller = BatchController(CONFIG, limit=64)
     controller.step(T0, None, 0.0)
     controller.step(T0 + 5, 0.7, 0.9)
     controller.step(T0 + 10, 0.8, 0.9)
@@ -449,8 +451,10 @@ def test_limit_changes_carry_reason_and_details():
         51, 62, "utilisation 25% < 60%", {"p99_s": 0.2, "utilisation": 0.25, "breaches": 0})
 
 
-@pytest.mark.parametrize("limit,expected", [(0, 64), (20, 20), (8, 8)])
+@pytest.mark.parametrize("limit,expected", [(0, 16), (20, 20), (8, 8)])
 def test_initial_limit(limit, expected):
+    """Starts at batch_initial (16), not the cap: a surge must not meet a limit that an
+    idle period inflated."""
     assert BatchController(CONFIG, limit=limit).limit == expected
 
 
@@ -613,3 +617,14 @@ def test_outcome_window_error_rate(outcomes, now, rate, count):
         window.add(t, error)
     assert window.error_rate(now) == pytest.approx(rate)
     assert window.count(now) == count
+
+
+def test_an_unsaturated_limit_is_not_raised():
+    """Low utilisation alone raises nothing: only when requests waited for a slot
+    at some point in the window."""
+    controller = BatchController(CONFIG)
+    controller.step(T0, None, 0.1, saturated=False)
+    assert controller.step(T0 + 5, None, 0.1, saturated=False) is None
+    controller.step(T0 + 6, None, 0.1, saturated=True)  # one wait inside the window
+    change = controller.step(T0 + 10, None, 0.1, saturated=False)
+    assert (change.old, change.new) == (16, 20)
