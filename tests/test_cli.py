@@ -131,6 +131,22 @@ def test_serve_refuses_a_bad_slo_spec_with_its_line(tmp_path):
     assert f"{spec}:4: slos[0].objective" in out.stderr
 
 
+@pytest.mark.parametrize("option,text,needle", [
+    ("--policies", "breaker_p99_s: 1.0\nbreaker_p99_clear_s: 2.0\n",
+     "breaker_p99_clear_s must not exceed breaker_p99_s"),
+    ("--policies", "brekaer_p99_s: 1.0\n", "unknown field(s) brekaer_p99_s"),
+    ("--keys", "keys:\n  - name: a\n    key: sk-a\n    tier: gold\n",
+     "bad.yaml:4: keys[0].tier"),
+])
+def test_serve_refuses_bad_policies_and_keys_with_one_line(tmp_path, option, text, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    out = tailguard("serve", option, str(path))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert needle in out.stderr
+    assert "sk-a" not in out.stderr  # a key never appears in an error
+
+
 def test_slo_status_on_a_file(trace_file):
     out = tailguard("slo", "status", "--db", str(trace_file), "--format", "json")
     assert out.returncode == 0, out.stderr
