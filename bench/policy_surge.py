@@ -101,14 +101,34 @@ def summarize(by_key: dict, duration: float) -> dict:
                                     if realtime else None)}
 
 
+LANES_SQL = """
+SELECT count(*) FILTER (WHERE status = 'ok' AND priority = 'realtime') AS realtime_lane,
+       avg(CASE WHEN ttft_s <= slo_ttft_target_s THEN 1.0 ELSE 0.0 END)
+           FILTER (WHERE status = 'ok' AND priority = 'realtime') AS realtime_lane_attainment,
+       count(*) FILTER (WHERE list_contains(policy_actions, 'demote:predicted_miss'))
+           AS demoted
+FROM requests WHERE epoch(arrival_ts) BETWEEN {start} AND {end}
+"""
+
+
+def lanes(url: str, start: float, end: float) -> dict:
+    """Server-side view of one side: requests still in the realtime lane when served
+    (a predicted miss is demoted to the batch lane), and their attainment."""
+    admin(url, "POST", "/admin/flush")
+    data = admin(url, "POST", "/admin/query", {"sql": LANES_SQL.format(start=start, end=end)})
+    return dict(zip(data["columns"], data["rows"][0]))
+
+
 def surge_rounds(url: str, rounds: int, rate: float, duration: float) -> list[dict]:
     out = []
     for rnd in range(rounds):
         for side, mode in (("off", "force_off"), ("on", "auto")):
             set_policies(url, mode)
             time.sleep(5)
+            start = time.time()
             by_key = asyncio.run(drive(url, "surge", rate, duration, rnd))
-            row = {"round": rnd, "side": side, **summarize(by_key, duration)}
+            row = {"round": rnd, "side": side, **summarize(by_key, duration),
+                   **lanes(url, start, time.time())}
             print(json.dumps(row), flush=True)
             out.append(row)
     set_policies(url, "auto")
