@@ -79,7 +79,7 @@ class Admission:
             self._predicted_miss(rec, prompt_tokens, d)
         try:
             await self.faults.before_engine()
-            await self.limiter.acquire(rec.priority)
+            await self._acquire(rec, prompt_tokens, d)
         except LimiterTimeout as exc:
             self.load.release(prompt_tokens)
             rec.refusal = ApiError(503, "admission_timeout", str(exc),
@@ -107,6 +107,23 @@ class Admission:
         rec.policy_actions.append("shed:predicted_miss")
         rec.refusal = shed_error("predicted_miss", d.retry_after_s)
         raise Refused("shed: predicted to miss its target")
+
+    async def _acquire(self, rec: RequestRecord, prompt_tokens: int, d: Decisions) -> None:
+        """Under overload (the predicted-miss policy on) a realtime request waits in the
+        realtime lane only until its TTFT target has passed; by then it cannot meet it,
+        so it moves to the batch lane and the realtime lane keeps only requests that
+        still can."""
+        target = self.ttft_target(prompt_tokens) if self.ttft_target else None
+        if (d.predicted_miss_factor is not None and target is not None
+                and rec.priority == R.PRIORITY_REALTIME):
+            left = target - (time.monotonic() - rec.arrival)
+            try:
+                await self.limiter.acquire(R.PRIORITY_REALTIME, max(0.0, left))
+                return
+            except LimiterTimeout:
+                rec.priority = R.PRIORITY_BATCH
+                rec.policy_actions.append("demote:deadline")
+        await self.limiter.acquire(rec.priority)
 
     def release(self, prompt_tokens: int, holds_slot: bool, pending: bool) -> None:
         if pending:

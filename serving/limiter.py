@@ -38,14 +38,16 @@ class Limiter:
     def waiting(self) -> int:
         return sum(len(lane) for lane in self._lanes.values())
 
-    async def acquire(self, lane: str) -> None:
+    async def acquire(self, lane: str, timeout_s: float | None = None) -> None:
+        """Take a slot, waiting at most `timeout_s` (and never past `max_wait_s`)."""
         if self.in_flight < self._limit and not self.waiting:
             self.in_flight += 1
             return
+        wait = self.max_wait_s if timeout_s is None else min(timeout_s, self.max_wait_s)
         waiter = asyncio.get_running_loop().create_future()
         self._lanes[lane].append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.max_wait_s)
+            await asyncio.wait_for(asyncio.shield(waiter), wait)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
             if waiter.done() and not waiter.cancelled():
                 self.release()  # the slot came just as we gave up: pass it on
@@ -53,7 +55,7 @@ class Limiter:
                 waiter.cancel()
                 self._lanes[lane].remove(waiter)
             if isinstance(exc, asyncio.TimeoutError):
-                raise LimiterTimeout(f"waited {self.max_wait_s:g} s for an engine slot")
+                raise LimiterTimeout(f"waited {wait:g} s for an engine slot")
             raise
 
     def release(self) -> None:

@@ -5,6 +5,7 @@ predictor service (seed formula)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -153,3 +154,36 @@ def test_a_waiter_gives_up_after_max_wait_and_leaves_the_queue():
         return limiter.waiting, limiter.in_flight
 
     assert asyncio.run(scenario()) == (0, 1)
+
+
+def test_under_overload_a_realtime_waiter_past_its_target_moves_to_the_batch_lane():
+    async def scenario():
+        adm = _admission(Decisions(1, predicted_miss_factor=1e9), target_s=0.05, limit=1)
+        await adm.limiter.acquire(R.PRIORITY_REALTIME)  # the engine's one slot is taken
+        rec = _record()
+        rec.arrival = time.monotonic()
+        task = asyncio.create_task(adm.admit(rec, _prompt(10), 10, 4))
+        await asyncio.sleep(0.15)  # past its 50 ms target, still waiting
+        waiting_in = [lane for lane, q in adm.limiter._lanes.items() if q]
+        adm.limiter.release()
+        await task
+        return rec, waiting_in
+
+    rec, waiting_in = asyncio.run(scenario())
+    assert waiting_in == [R.PRIORITY_BATCH]
+    assert rec.priority == R.PRIORITY_BATCH and rec.policy_actions == ["demote:deadline"]
+
+
+def test_without_overload_a_realtime_waiter_keeps_its_lane():
+    async def scenario():
+        adm = _admission(Decisions(1), target_s=0.05, limit=1)
+        await adm.limiter.acquire(R.PRIORITY_REALTIME)
+        rec = _record()
+        task = asyncio.create_task(adm.admit(rec, _prompt(10), 10, 4))
+        await asyncio.sleep(0.1)
+        adm.limiter.release()
+        await task
+        return rec
+
+    rec = asyncio.run(scenario())
+    assert rec.priority == R.PRIORITY_REALTIME and rec.policy_actions == []
