@@ -49,13 +49,18 @@ def check_token(request: Request, token: str) -> None:
         raise ApiError(401, "unauthorized", "admin API needs 'Authorization: Bearer <token>'")
 
 
-def create_admin_router(runtime) -> APIRouter:
-    """Every route needs the token; a refusal is an `ApiError` the app renders."""
+def admin_router(runtime) -> APIRouter:
+    """An `/admin` router whose every route needs the runtime's admin token."""
 
     def require_token(request: Request) -> None:
         check_token(request, runtime.admin_token)
 
-    router = APIRouter(prefix="/admin", dependencies=[Depends(require_token)])
+    return APIRouter(prefix="/admin", dependencies=[Depends(require_token)])
+
+
+def create_admin_router(runtime) -> APIRouter:
+    """The SQL, SLO, models and flush endpoints."""
+    router = admin_router(runtime)
 
     @router.post("/query")
     async def query(request: Request):

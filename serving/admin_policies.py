@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from serving.admin import check_token, jsonable
+from serving.admin import admin_router, jsonable
 from serving.errors import ApiError
 from slo.policy import MODES
 
@@ -34,10 +34,7 @@ async def _body(request: Request) -> dict:
 
 
 def create_policy_router(runtime) -> APIRouter:
-    def require_token(request: Request) -> None:
-        check_token(request, runtime.admin_token)
-
-    router = APIRouter(prefix="/admin", dependencies=[Depends(require_token)])
+    router = admin_router(runtime)
     guard = runtime.guard
 
     @router.get("/policies")

@@ -10,12 +10,12 @@ in a thread; the swap is one assignment.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from pathlib import Path
 
 from observe.stats import EngineSnapshot
+from serving.periodic import Periodic
 from slo.backtest import MemoryForecaster, load_forecaster
 from slo.series import COLUMNS, DEFAULT_HORIZON_S, DEFAULT_STEP_S, Series, series_sql
 
@@ -45,8 +45,7 @@ class ForecastService:
         self.latest_at: float | None = None
         self.last_error: str | None = None
         self._next_refresh = 0.0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic: Periodic | None = None
 
     def _load(self) -> MemoryForecaster | None:
         if self.model_path and self.model_path.exists():
@@ -86,14 +85,8 @@ class ForecastService:
     # --- model selection -------------------------------------------------------------
 
     def start(self) -> None:
-        if self.reselect_s > 0:
-            self._thread = threading.Thread(target=self._run, name="tailguard-forecast",
-                                            daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.reselect_s):
-            self.reselect()
+        self._periodic = Periodic("tailguard-forecast", self.reselect_s, self.reselect)
+        self._periodic.start()
 
     def reselect(self) -> dict:
         """Backtest every model on the trace log's engine seconds and run the winner."""
@@ -130,5 +123,6 @@ class ForecastService:
                 "last_error": self.last_error}
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._periodic is not None:
+            self._periodic.stop()
 

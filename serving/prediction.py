@@ -9,12 +9,12 @@ by one model or the other, never half of each.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 from observe.stats import AdmissionLoad, LatencyPrediction
+from serving.periodic import Periodic
 from slo.features import TrainingSet, feature_vector, training_sql
 from slo.predictor import MIN_ROWS, SeedModel, e2e_s, load_model, train
 
@@ -31,8 +31,7 @@ class PredictionService:
         self.window_s = window_s
         self.model = self._initial_model()
         self.last_error: str | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._periodic: Periodic | None = None
 
     def _initial_model(self):
         if self.model_path and self.model_path.exists():
@@ -56,14 +55,8 @@ class PredictionService:
     # --- retraining ----------------------------------------------------------------
 
     def start(self) -> None:
-        if self.retrain_interval_s > 0:
-            self._thread = threading.Thread(target=self._run, name="tailguard-retrain",
-                                            daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.retrain_interval_s):
-            self.retrain()
+        self._periodic = Periodic("tailguard-retrain", self.retrain_interval_s, self.retrain)
+        self._periodic.start()
 
     def retrain(self) -> dict:
         """Train on the recent window; keep the old model when there is too little data."""
@@ -103,4 +96,5 @@ class PredictionService:
                 "last_error": self.last_error}
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._periodic is not None:
+            self._periodic.stop()
