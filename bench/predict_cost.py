@@ -38,7 +38,7 @@ def time_admit(admission: Admission, prompts: np.ndarray) -> np.ndarray:
             began = time.perf_counter()
             await admission.admit(rec, {"prompt_token_ids": [0] * prompt}, prompt, 64)
             out[i] = time.perf_counter() - began
-            admission.release(prompt, holds_slot=True, pending=True)
+            admission.release(prompt, pending=True)
         return out
 
     return asyncio.run(loop())

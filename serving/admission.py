@@ -70,16 +70,17 @@ class Admission:
             rec.policy_actions.append(f"truncate:{prompt_tokens}->{d.truncate_tokens}")
             prompt_tokens = d.truncate_tokens
         rec.queued_at = rec.queued_at or time.monotonic()
+        target = self.ttft_target(prompt_tokens) if self.ttft_target else None
         load = self.load.admit(prompt_tokens)
         if rec.load is None:
             rec.load = load
             rec.prediction = self.predictor.predict(
                 prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH,
                 time.monotonic() - rec.arrival)
-            self._predicted_miss(rec, prompt_tokens, d)
+            self._predicted_miss(rec, prompt_tokens, target, d)
         try:
             await self.faults.before_engine()
-            await self._acquire(rec, prompt_tokens, d)
+            await self._acquire(rec, target, d)
         except LimiterTimeout as exc:
             self.load.release(prompt_tokens)
             rec.refusal = ApiError(503, "admission_timeout", str(exc),
@@ -90,14 +91,14 @@ class Admission:
             raise
         return prompt, prompt_tokens
 
-    def _predicted_miss(self, rec: RequestRecord, prompt_tokens: int, d: Decisions) -> None:
+    def _predicted_miss(self, rec: RequestRecord, prompt_tokens: int, target: float | None,
+                        d: Decisions) -> None:
         """Under overload, a request predicted to miss its TTFT target by far moves to
         the batch lane (realtime) or is shed (batch): it would only take a slot from
         one that can still make it."""
-        if d.predicted_miss_factor is None or self.ttft_target is None or not rec.prediction:
+        if d.predicted_miss_factor is None or target is None:
             return
-        target = self.ttft_target(prompt_tokens)
-        if target is None or rec.prediction.ttft_s <= target * d.predicted_miss_factor:
+        if rec.prediction.ttft_s <= target * d.predicted_miss_factor:
             return
         if rec.priority == R.PRIORITY_REALTIME:
             rec.priority = R.PRIORITY_BATCH
@@ -108,12 +109,11 @@ class Admission:
         rec.refusal = shed_error("predicted_miss", d.retry_after_s)
         raise Refused("shed: predicted to miss its target")
 
-    async def _acquire(self, rec: RequestRecord, prompt_tokens: int, d: Decisions) -> None:
+    async def _acquire(self, rec: RequestRecord, target: float | None, d: Decisions) -> None:
         """Under overload (the predicted-miss policy on) a realtime request waits in the
         realtime lane only until its TTFT target has passed; by then it cannot meet it,
         so it moves to the batch lane and the realtime lane keeps only requests that
         still can."""
-        target = self.ttft_target(prompt_tokens) if self.ttft_target else None
         if (d.predicted_miss_factor is not None and target is not None
                 and rec.priority == R.PRIORITY_REALTIME):
             left = target - (time.monotonic() - rec.arrival)
@@ -125,11 +125,16 @@ class Admission:
                 rec.policy_actions.append("demote:deadline")
         await self.limiter.acquire(rec.priority)
 
-    def release(self, prompt_tokens: int, holds_slot: bool, pending: bool) -> None:
+    def first_token(self, prompt_tokens: int) -> None:
+        """Its prefill is done: no longer work ahead of newcomers."""
+        self.load.release(prompt_tokens)
+
+    def release(self, prompt_tokens: int, pending: bool) -> None:
+        """The engine request ended (admitted by `admit`, which took its slot);
+        `pending`: it never got a first token."""
         if pending:
             self.load.release(prompt_tokens)
-        if holds_slot:
-            self.limiter.release()
+        self.limiter.release()
 
 
 def _truncated(prompt, keep: int):

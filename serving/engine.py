@@ -97,12 +97,12 @@ class ObservedEngine:
                     rec.first_token = time.monotonic()
                 if new and pending:
                     pending = False
-                    admission.load.release(prompt_tokens)
+                    admission.first_token(prompt_tokens)
                 tokens = tokens + new if deltas else new
                 yield last
         finally:
             if admission is not None:
-                admission.release(prompt_tokens, holds_slot=True, pending=pending)
+                admission.release(prompt_tokens, pending)
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 _absorb(rec, last, tokens, self._clock)

@@ -26,7 +26,6 @@ TICK_S = 1.0
 class Guard:
     def __init__(self, config: P.PolicyConfig, tracelog, metrics, faults: FaultInjector):
         self.tracelog = tracelog
-        self.metrics = metrics
         self.faults = faults
         self.engine = PolicyEngine(config, self._record_event, metrics.record_policy)
         self.limiter = Limiter(self.engine.batch.limit)
@@ -74,8 +73,7 @@ class Guard:
             now, engine_failed=runtime.engine_failed,
             queue_depth=runtime.load.pending[0],
             kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
-        self.engine.saturated |= self.limiter.waiting > 0
-        decisions = self.engine.evaluate(signals)
+        decisions = self.engine.evaluate(signals, saturated=self.limiter.waiting > 0)
         self.limiter.limit = decisions.concurrency_limit
         runtime.admission.decisions = decisions
         l2 = self.engine.machines[P.BREAKER_L2]

@@ -43,7 +43,6 @@ class PolicyEngine:
         self.outcomes = OutcomeWindow(BREAKER_WINDOW_S * 3)
         self.busy = SampleWindow(10.0)  # engine busy share per second
         self.last_signals: P.Signals | None = None
-        self.saturated = False  # requests waited for a slot since the last evaluation
         self.decisions: Decisions = decide({}, self.batch.limit, config)
 
     # --- inputs -------------------------------------------------------------------
@@ -63,13 +62,14 @@ class PolicyEngine:
                 kv_forecast: float | None) -> P.Signals:
         window = self.ttft.values(now, BREAKER_WINDOW_S)
         busy = self.busy.values(now)
-        return P.Signals(now=now, p99_s=quantile(window, 0.99), p99_by_bucket={},
+        return P.Signals(now=now, p99_s=quantile(window, 0.99),
                          error_rate=self.outcomes.error_rate(now),
                          engine_failed=engine_failed, queue_depth=queue_depth,
                          load=sum(busy) / len(busy) if busy else 0.0, kv_usage=kv_usage,
                          kv_forecast=kv_forecast, requests=len(window))
 
-    def evaluate(self, signals: P.Signals) -> Decisions:
+    def evaluate(self, signals: P.Signals, saturated: bool = False) -> Decisions:
+        """`saturated`: requests are waiting for an engine slot (batch control)."""
         now = signals.now
         self.last_signals = signals
         for name, machine in self.machines.items():
@@ -82,7 +82,7 @@ class PolicyEngine:
             moved = machine.step(now, breached, reason, details)
             if moved is not None:
                 self._event(moved)
-        self._control_batch(now, signals.load)
+        self._control_batch(now, signals.load, saturated)
         states = self.effective_states()
         for name, state in states.items():
             self._set_gauge(name, 1 if state == ACTIVE else 0)
@@ -90,14 +90,13 @@ class PolicyEngine:
         self.decisions = decide(states, self.batch.limit, self.config, self.config.backoff_s)
         return self.decisions
 
-    def _control_batch(self, now: float, load: float) -> None:
+    def _control_batch(self, now: float, load: float, saturated: bool) -> None:
         override = self.machines[P.BATCH_CONTROL].override
         if override is not None and override.mode == FORCE_OFF:
             self.batch.limit = self.config.batch_cap
             return
         batch_p99 = quantile(self.ttft.values(now, self.config.batch_window_s), 0.99)
-        change = self.batch.step(now, batch_p99, load, self.saturated)
-        self.saturated = False
+        change = self.batch.step(now, batch_p99, load, saturated)
         if change is not None:
             self._record_event(P.BATCH_CONTROL, f"limit={change.old}", f"limit={change.new}",
                                change.reason, change.details)

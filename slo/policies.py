@@ -30,7 +30,6 @@ class Signals:
 
     now: float  # epoch seconds
     p99_s: float | None  # TTFT P99 over the breaker window, all buckets
-    p99_by_bucket: dict  # context bucket -> TTFT P99 over the same window
     error_rate: float  # 5xx share of requests finished in the window
     engine_failed: bool
     queue_depth: int  # requests admitted with no first token yet (slot, engine queue, prefill)

@@ -243,7 +243,7 @@ def test_bad_overrides_are_refused(mode, reason, message):
 # --- conditions --------------------------------------------------------------------
 
 def _signals(**kw) -> P.Signals:
-    base = dict(now=T0, p99_s=None, p99_by_bucket={}, error_rate=0.0, engine_failed=False,
+    base = dict(now=T0, p99_s=None, error_rate=0.0, engine_failed=False,
                 queue_depth=0, load=0.0, kv_usage=0.0, kv_forecast=None, requests=100)
     base.update(kw)
     return P.Signals(**base)
