@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from serving.keys import KeyRing, load_keys
+from slo import modelfile
 from slo.policies import PolicyConfig
 from slo.spec import SLOSpec, load_spec
 
@@ -71,7 +72,8 @@ class ServerConfig:
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
         self.max_n = self.max_n or _env(ENV_MAX_N, DEFAULT_MAX_N, int)
-        self.model_dir = self.model_dir or _env(ENV_MODEL_DIR, f"{self.db}.models")
+        self.model_dir = self.model_dir or _env(ENV_MODEL_DIR,
+                                                str(modelfile.default_dir(self.db)))
         if self.retrain_interval_s is None:
             self.retrain_interval_s = _env(ENV_RETRAIN_S, DEFAULT_RETRAIN_S, float)
         if self.reselect_interval_s is None:
@@ -92,11 +94,11 @@ class ServerConfig:
 
     @property
     def predictor_path(self) -> Path:
-        return Path(self.model_dir, "latency.pkl")
+        return Path(self.model_dir, modelfile.LATENCY_FILE)
 
     @property
     def forecaster_path(self) -> Path:
-        return Path(self.model_dir, "memory-forecast.pkl")
+        return Path(self.model_dir, modelfile.FORECAST_FILE)
 
     @property
     def model_name(self) -> str:

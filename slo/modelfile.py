@@ -9,6 +9,16 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Final
+
+# Where a server keeps its trained models, and where `tailguard predict|forecast train`
+# writes them so that the server beside the same trace DB picks them up.
+LATENCY_FILE: Final = "latency.pkl"
+FORECAST_FILE: Final = "memory-forecast.pkl"
+
+
+def default_dir(db: str | Path) -> Path:
+    return Path(f"{db}.models")
 
 
 def save(obj, path: str | Path, kind: str, fmt: int) -> Path:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from slo.modelfile import FORECAST_FILE, LATENCY_FILE, default_dir
 from tailguard.clitools import one_line
 
 ROWS_MAX = 5_000_000
@@ -25,7 +26,7 @@ def _rows(db: str, sql: str) -> list[tuple]:
 
 
 def _default_model(db: str, name: str) -> Path:
-    return Path(f"{db}.models", name)
+    return default_dir(db) / name
 
 
 def _training_set(db: str):
@@ -55,7 +56,7 @@ def predict_train(db, out, holdout):
         model = train(train_part)
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
-    path = model.save(out or _default_model(db, "latency.pkl"))
+    path = model.save(out or _default_model(db, LATENCY_FILE))
     click.echo(f"trained {model.version} on {model.rows} requests -> {path}")
     if len(test_part):
         _print_accuracy(model, test_part)
@@ -72,7 +73,7 @@ def predict_eval(db, model_file, holdout):
     itself predicted (the rows' predicted_* columns)."""
     from slo.predictor import load_model
 
-    path = model_file or _default_model(db, "latency.pkl")
+    path = model_file or _default_model(db, LATENCY_FILE)
     try:
         model = load_model(path)
     except (OSError, ValueError) as exc:
@@ -179,7 +180,7 @@ def forecast_train(db, target, horizon, step, train_share, out):
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
     click.echo(format_backtest(chosen.backtest))
-    path = chosen.save(out or _default_model(db, "memory-forecast.pkl"))
+    path = chosen.save(out or _default_model(db, FORECAST_FILE))
     click.echo(f"saved {chosen.model.name} -> {path}")
 
 
