@@ -103,8 +103,15 @@ OVERRIDES: Final = TableSpec("overrides", (
     ("created_ts", "TIMESTAMPTZ"), ("expires_ts", "TIMESTAMPTZ"),
 ))
 
+# The live memory forecast as served, kept so it can be drawn against what happened.
+FORECASTS: Final = TableSpec("forecasts", (
+    ("ts", "TIMESTAMPTZ"), ("target_ts", "TIMESTAMPTZ"), ("target", "VARCHAR"),
+    ("horizon_s", "DOUBLE"), ("model", "VARCHAR"), ("value", "DOUBLE"),
+))
+
 TABLES: Final[dict[str, TableSpec]] = {
-    spec.name: spec for spec in (REQUESTS, SPANS, ENGINE_STATS, POLICY_EVENTS, OVERRIDES)
+    spec.name: spec for spec in (REQUESTS, SPANS, ENGINE_STATS, POLICY_EVENTS, OVERRIDES,
+                                 FORECASTS)
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from observe.stats import EngineSnapshot
@@ -80,7 +81,15 @@ class ForecastService:
             value = float(series.column(TARGET)[-1])
         self.latest, self.latest_at = value, time.time()
         self.on_forecast(value, self.label)
+        self._record(value)
         return value
+
+    def _record(self, value: float) -> None:
+        made = datetime.fromtimestamp(self.latest_at, timezone.utc)
+        self.tracelog.add("forecasts", {
+            "ts": made, "target_ts": made + timedelta(seconds=self.horizon_s),
+            "target": TARGET, "horizon_s": self.horizon_s, "value": value,
+            "model": self.live.model.name if self.live else "last_value"})
 
     # --- model selection -------------------------------------------------------------
 

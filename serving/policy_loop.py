@@ -116,7 +116,8 @@ class PolicyEngine:
         for name, m in self.machines.items():
             o = m.override
             out.append({"policy": name, "state": m.state, "effective": m.effective,
-                        "since": m.since or None, "backoff_s": m.backoff_s,
+                        "since": m.since or None, "reason": m.reason or None,
+                        "backoff_s": m.backoff_s,
                         "override": None if o is None else {
                             "mode": o.mode, "reason": o.reason, "actor": o.actor,
                             "created": o.created, "expires": o.expires}})

@@ -76,6 +76,7 @@ class PolicyMachine:
     timing: Timing = field(default_factory=Timing)
     state: str = INACTIVE
     since: float = 0.0
+    reason: str = ""  # why it last moved: what operators read next to the state
     backoff_s: float = 0.0
     breached_since: float | None = None
     recover_at: float = 0.0
@@ -110,7 +111,7 @@ class PolicyMachine:
 
     def _go(self, to_state: str, now: float, reason: str, details: dict) -> Transition:
         moved = Transition(self.name, self.state, to_state, reason, details, now)
-        self.state, self.since = to_state, now
+        self.state, self.since, self.reason = to_state, now, reason
         return moved
 
     @property

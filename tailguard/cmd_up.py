@@ -48,19 +48,37 @@ def up(host, port, console_port, db, demo, demo_rate, serve_args):
 
 
 @click.command("console")
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True)
+@click.option("--url", default="http://127.0.0.1:8000", show_default=True,
+              help="The server whose admin API the console reads and writes.")
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="Admin token file (default: $TAILGUARD_ADMIN_TOKEN).")
+@click.option("--db", type=click.Path(exists=True, dir_okay=False),
+              help="No server: read this trace file read-only instead of --url.")
+@click.option("--slo", type=click.Path(exists=True, dir_okay=False),
+              help="With --db: the SLO spec to judge the file by (default: built-in).")
+@click.option("--refresh", default=5, show_default=True, type=click.IntRange(0, 300),
+              help="Auto-refresh interval in seconds (0 = off).")
 @click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
-def console(url, token_file, port):
-    """The Streamlit ops console for a running server.
+def console(url, token_file, db, slo, refresh, port):
+    """The Streamlit ops console for a running server (or a trace file).
 
     Example: tailguard console --url http://127.0.0.1:8000 --token-file tailguard.duckdb.admin-token
     """
+    from dashboards.console.client import (
+        ENV_DB,
+        ENV_REFRESH,
+        ENV_SLO,
+        ENV_TOKEN_FILE,
+        ENV_URL,
+    )
     from serving.launcher import console_command
 
-    env = dict(os.environ, TAILGUARD_URL=url)
+    if slo and not db:
+        raise click.UsageError("--slo goes with --db (a server judges by its own spec)")
+    env = dict(os.environ, **{ENV_URL: url, ENV_REFRESH: str(refresh)})
     if token_file:
-        env["TAILGUARD_ADMIN_TOKEN_FILE"] = token_file
-    click.echo(f"tailguard: console on http://127.0.0.1:{port} for {url}")
+        env[ENV_TOKEN_FILE] = token_file
+    if db:
+        env.update({ENV_DB: db, ENV_SLO: slo or ""})
+    click.echo(f"tailguard: console on http://127.0.0.1:{port} for {db or url}")
     sys.exit(subprocess.call(console_command(port), env=env))

@@ -1,70 +1,35 @@
-"""tailguard ops console: live latency by context bucket and the trace log.
+"""tailguard ops console: a Streamlit multipage app over a running server's admin API
+(or, with no server, a trace file opened read-only).
 
-Run through `tailguard console` (or `tailguard up`), which sets TAILGUARD_URL and the
-admin token for this process.
+Run through `tailguard console` (or `tailguard up`), which sets the server URL, the
+admin token and the refresh interval for this process.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from dashboards.console import queries
-from dashboards.console.client import AdminClient, ConsoleError
+from dashboards.console import common
+from dashboards.console.client import ConsoleError, connect
 
-
-def _client() -> AdminClient | None:
-    try:
-        return AdminClient.from_env()
-    except ConsoleError as exc:
-        st.error(str(exc))
-        return None
-
-
-def _latency_chart(frame):
-    import altair as alt
-
-    long = frame.melt(id_vars=["t", "context_bucket"], value_vars=["ttft_p50", "ttft_p99"],
-                      var_name="percentile", value_name="seconds")
-    return (alt.Chart(long).mark_line(point=True)
-            .encode(x=alt.X("t:T", title="time"), y=alt.Y("seconds:Q", title="TTFT (s)"),
-                    color=alt.Color("context_bucket:N", title="context"),
-                    strokeDash=alt.StrokeDash("percentile:N"))
-            .properties(height=280))
-
-
-def live_page(client: AdminClient, minutes: int) -> None:
-    by_time = client.query(queries.latency_over_time(minutes))
-    if by_time.empty:
-        st.info("No successful requests in this window yet. Send some load "
-                "(`tailguard bench --url ...` or `tailguard up --demo`).")
-    else:
-        st.subheader("TTFT by context bucket")
-        st.altair_chart(_latency_chart(by_time), width="stretch")
-        st.dataframe(client.query(queries.latency_by_bucket(minutes)), hide_index=True)
-    st.subheader("Outcomes")
-    st.dataframe(client.query(queries.outcomes(minutes)), hide_index=True)
-    st.subheader("Latest requests (trace log)")
-    st.dataframe(client.query(queries.recent_requests()), hide_index=True)
+PAGES = (("pages/overview.py", "Overview", ":material/monitor_heart:"),
+         ("pages/latency.py", "Latency", ":material/timer:"),
+         ("pages/traces.py", "Traces", ":material/manage_search:"),
+         ("pages/forecasts.py", "Forecasts", ":material/trending_up:"),
+         ("pages/policies.py", "Policies", ":material/tune:"))
 
 
 def main() -> None:
-    st.set_page_config(page_title="tailguard", layout="wide")
-    st.title("tailguard")
-    client = _client()
-    if client is None:
-        return
-    window = st.sidebar.selectbox("Window", list(queries.WINDOWS), index=1)
-    refresh = st.sidebar.slider("Auto-refresh (s, 0 = off)", 0, 60, 5)
-    st.sidebar.caption(f"Server: {client.url}")
-
-    @st.fragment(run_every=refresh or None)
-    def live() -> None:
-        try:
-            live_page(client, queries.WINDOWS[window])
-        except ConsoleError as exc:
-            st.error(str(exc))
-
-    live()
+    st.set_page_config(page_title="tailguard", page_icon=":material/shield:", layout="wide")
+    navigation = st.navigation([st.Page(path, title=title, icon=icon, default=i == 0)
+                                for i, (path, title, icon) in enumerate(PAGES)])
+    st.sidebar.title("tailguard")
+    try:
+        src = connect()
+    except ConsoleError:
+        src = None  # the page says why
+    common.sidebar(src)
+    navigation.run()
 
 
 main()

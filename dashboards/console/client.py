@@ -1,5 +1,10 @@
-"""The console's only way to the data: the server's admin API (DuckDB has one
-writer, the server; the console never opens its file read-write)."""
+"""Where the console's data comes from.
+
+`AdminClient`: a running server's admin API (DuckDB has one writer, the server; the
+console never opens its file read-write). `TraceFile`: with no server, a trace-log
+file opened read-only: the same SQL and SLO status, but no live policies or models.
+Both raise `ConsoleError` with a message for the operator, never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,9 @@ from dataclasses import dataclass
 ENV_URL = "TAILGUARD_URL"
 ENV_TOKEN = "TAILGUARD_ADMIN_TOKEN"
 ENV_TOKEN_FILE = "TAILGUARD_ADMIN_TOKEN_FILE"
+ENV_DB = "TAILGUARD_CONSOLE_DB"
+ENV_SLO = "TAILGUARD_CONSOLE_SLO"
+ENV_REFRESH = "TAILGUARD_CONSOLE_REFRESH_S"
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -19,11 +27,18 @@ class ConsoleError(Exception):
     """Something the operator must see instead of a traceback."""
 
 
+def _frame(data: dict):
+    import pandas as pd
+
+    return pd.DataFrame(data["rows"], columns=data["columns"])
+
+
 @dataclass(frozen=True, slots=True)
 class AdminClient:
     url: str
     token: str
     timeout_s: float = 15.0
+    live = True  # policies, overrides and models exist only on a running server
 
     @classmethod
     def from_env(cls) -> "AdminClient":
@@ -38,9 +53,13 @@ class AdminClient:
                 raise ConsoleError(f"cannot read the admin token file {path}: {exc.strerror}")
         return cls(url.rstrip("/"), token)
 
-    def _call(self, path: str, body: dict | None = None) -> dict:
+    @property
+    def where(self) -> str:
+        return self.url
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         request = urllib.request.Request(
-            self.url + path, method="GET" if body is None else "POST",
+            self.url + path, method=method,
             data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {self.token}",
                      "Content-Type": "application/json"})
@@ -58,16 +77,70 @@ class AdminClient:
 
     def query(self, sql: str, max_rows: int = 10_000):
         """A pandas DataFrame of a read-only query."""
-        import pandas as pd
-
-        data = self._call("/admin/query", {"sql": sql, "max_rows": max_rows})
-        return pd.DataFrame(data["rows"], columns=data["columns"])
+        return _frame(self._call("POST", "/admin/query", {"sql": sql, "max_rows": max_rows}))
 
     def slo(self) -> dict:
-        return self._call("/admin/slo")
+        return self._call("GET", "/admin/slo")
 
-    def ready(self) -> dict:
-        return self._call("/readyz")
+    def policies(self) -> dict:
+        return self._call("GET", "/admin/policies")
+
+    def audit(self) -> dict:
+        return self._call("GET", "/admin/audit")
+
+    def models(self) -> dict:
+        return self._call("GET", "/admin/models")
+
+    def set_policy(self, name: str, mode: str, reason: str, ttl_s: float | None = None,
+                   actor: str = "console") -> dict:
+        body = {"mode": mode, "reason": reason, "actor": actor}
+        if ttl_s:
+            body["ttl_s"] = ttl_s
+        return self._call("PUT", f"/admin/policies/{name}", body)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFile:
+    """A trace log that no server holds, read-only."""
+
+    path: str
+    slo_path: str | None = None
+    live = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.path} (read-only)"
+
+    def query(self, sql: str, max_rows: int = 10_000):
+        from observe.query import QueryError, query_file
+
+        try:
+            result = query_file(self.path, sql, max_rows=max_rows)
+        except QueryError as exc:
+            raise ConsoleError(str(exc)) from None
+        return _frame({"columns": result.columns, "rows": result.rows})
+
+    def slo(self) -> dict:
+        from observe.query import QueryError, query_file
+        from slo.budget import compute_status
+        from slo.report import status_to_dict
+        from slo.spec import load_spec
+
+        def run(sql: str):
+            result = query_file(self.path, sql, max_rows=100_000)
+            return result.columns, result.rows
+
+        try:
+            return status_to_dict(compute_status(run, load_spec(self.slo_path)))
+        except (QueryError, ValueError) as exc:
+            raise ConsoleError(str(exc)) from None
+
+
+def connect() -> AdminClient | TraceFile:
+    """The source the launcher chose: a trace file if one was given, else the server."""
+    if os.environ.get(ENV_DB):
+        return TraceFile(os.environ[ENV_DB], os.environ.get(ENV_SLO) or None)
+    return AdminClient.from_env()
 
 
 def _message(exc: urllib.error.HTTPError) -> str:

@@ -1,34 +1,72 @@
-"""The SQL behind the console's panels, one function per question."""
+"""The SQL behind the console's panels, one function per question. Everything goes
+through the read-only `/admin/query` (or a read-only trace file), so each is plain text.
+"""
 
 from __future__ import annotations
 
+import re
+
 WINDOWS = {"5 min": 5, "15 min": 15, "1 hour": 60, "6 hours": 360, "1 day": 1440}
+METRICS = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end to end": "e2e_s"}
+PERCENTILES = (0.5, 0.95, 0.99)
+# Seed 002's first question when P99 jumps: did the context lengths change?
+CONTEXT_PERIODS = {"last 5 min": 5, "last hour": 60, "last day": 1440}
+PHASES = ("llm.queue", "llm.prefill", "llm.decode", "llm.sampling")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
-def _since(minutes: int) -> str:
-    return f"arrival_ts > now() - INTERVAL {int(minutes)} MINUTE"
+def _since(minutes: int, column: str = "arrival_ts") -> str:
+    return f"{column} > now() - INTERVAL {int(minutes)} MINUTE"
 
 
-def _bin_seconds(minutes: int) -> int:
+def bin_seconds(minutes: int) -> int:
     """About 30 points per chart whatever the window."""
     return max(10, minutes * 60 // 30)
 
 
-def latency_over_time(minutes: int) -> str:
-    return (f"SELECT time_bucket(INTERVAL {_bin_seconds(minutes)} SECOND, arrival_ts) AS t, "
-            "context_bucket, quantile_cont(ttft_s, 0.5) AS ttft_p50, "
-            "quantile_cont(ttft_s, 0.99) AS ttft_p99, quantile_cont(e2e_s, 0.99) AS e2e_p99, "
-            f"count(*) AS requests FROM requests WHERE status = 'ok' AND {_since(minutes)} "
-            "GROUP BY ALL ORDER BY t, context_bucket")
+def _bin(minutes: int, column: str = "arrival_ts") -> str:
+    return f"time_bucket(INTERVAL {bin_seconds(minutes)} SECOND, {column})"
+
+
+def percentiles_over_time(minutes: int, metric: str = "ttft_s") -> str:
+    """Long form: one row per (time bin, context bucket, percentile)."""
+    if metric not in METRICS.values():
+        raise ValueError(f"unknown metric {metric!r}")
+    cols = ", ".join(f"quantile_cont({metric}, {q}) AS p{int(q * 100)}" for q in PERCENTILES)
+    return (f"UNPIVOT (SELECT {_bin(minutes)} AS t, context_bucket, {cols} FROM requests "
+            f"WHERE status = 'ok' AND {metric} IS NOT NULL AND {_since(minutes)} "
+            "GROUP BY ALL) ON " + ", ".join(f"p{int(q * 100)}" for q in PERCENTILES)
+            + " INTO NAME percentile VALUE seconds ORDER BY t, context_bucket, percentile")
 
 
 def latency_by_bucket(minutes: int) -> str:
     cols = ", ".join(f"quantile_cont({m}_s, {q}) AS {m}_p{int(q * 100)}"
-                     for m in ("ttft", "tpot", "e2e") for q in (0.5, 0.95, 0.99))
+                     for m in ("ttft", "tpot", "e2e") for q in PERCENTILES)
     return (f"SELECT context_bucket, count(*) AS requests, {cols}, "
             "avg(CASE WHEN slo_ok THEN 1.0 ELSE 0.0 END) AS slo_attainment "
             f"FROM requests WHERE status = 'ok' AND {_since(minutes)} "
             "GROUP BY ALL ORDER BY context_bucket")
+
+
+def context_distribution() -> str:
+    """Share of requests per power-of-two prompt length, for each comparison period."""
+    parts = [f"SELECT '{label}' AS period, {order} AS period_order, "
+             "CAST(pow(2, floor(log2(greatest(prompt_tokens, 1)))) AS BIGINT) AS tokens_from, "
+             f"count(*) AS requests FROM requests WHERE prompt_tokens IS NOT NULL "
+             f"AND {_since(minutes)} GROUP BY ALL"
+             for order, (label, minutes) in enumerate(CONTEXT_PERIODS.items())]
+    return ("SELECT period, tokens_from, requests, requests / sum(requests) OVER "
+            "(PARTITION BY period) AS share FROM (" + " UNION ALL ".join(parts)
+            + ") ORDER BY period_order, tokens_from")
+
+
+def throughput_over_time(minutes: int) -> str:
+    """Requests/s by outcome and goodput (ok and within every SLO) per time bin."""
+    bin_s = bin_seconds(minutes)
+    return (f"SELECT {_bin(minutes)} AS t, count(*) / {bin_s} AS requests_per_s, "
+            f"count(*) FILTER (status = 'ok' AND slo_ok) / {bin_s} AS goodput_per_s, "
+            f"count(*) FILTER (status <> 'ok') / {bin_s} AS failed_per_s "
+            f"FROM requests WHERE {_since(minutes)} GROUP BY ALL ORDER BY t")
 
 
 def outcomes(minutes: int) -> str:
@@ -40,3 +78,87 @@ def recent_requests(limit: int = 50) -> str:
     return ("SELECT arrival_ts, request_id, status, http_status, context_bucket, prompt_tokens, "
             "output_tokens, ttft_s, tpot_s, e2e_s, error_type FROM requests "
             f"ORDER BY arrival_ts DESC LIMIT {int(limit)}")
+
+
+def slowest_requests(minutes: int, limit: int = 20) -> str:
+    return ("SELECT request_id, arrival_ts, status, context_bucket, prompt_tokens, "
+            "output_tokens, queue_s, prefill_s, decode_s, ttft_s, e2e_s, slo_ok FROM requests "
+            f"WHERE e2e_s IS NOT NULL AND {_since(minutes)} ORDER BY e2e_s DESC "
+            f"LIMIT {int(limit)}")
+
+
+def check_request_id(request_id: str) -> str:
+    request_id = request_id.strip()
+    if not _REQUEST_ID.match(request_id):
+        raise ValueError("a request id is letters, digits and . _ : - (as in X-Request-Id)")
+    return request_id
+
+
+def waterfall(request_id: str) -> str:
+    """The request's phase spans as offsets from its start (seconds)."""
+    rid = check_request_id(request_id)
+    names = ", ".join(f"'{n}'" for n in ("llm.request", *PHASES))
+    return ("SELECT name AS phase, epoch(start_ts) - min(epoch(start_ts)) OVER () AS start_s, "
+            "epoch(end_ts) - min(epoch(start_ts)) OVER () AS end_s, duration_s FROM spans "
+            f"WHERE request_id = '{rid}' AND name IN ({names}) ORDER BY start_ts, name")
+
+
+def request_row(request_id: str) -> str:
+    rid = check_request_id(request_id)
+    return f"SELECT * FROM requests WHERE request_id = '{rid}'"
+
+
+def kv_actual(minutes: int) -> str:
+    return (f"SELECT time_bucket(INTERVAL 5 SECOND, ts) AS t, avg(kv_cache_usage) AS value "
+            f"FROM engine_stats WHERE {_since(minutes, 'ts')} GROUP BY ALL ORDER BY t")
+
+
+def kv_forecast(minutes: int) -> str:
+    """Each forecast drawn at the time it was made for (`target_ts`)."""
+    return ("SELECT target_ts AS t, value, model FROM forecasts "
+            f"WHERE target = 'kv_cache_usage' AND {_since(minutes, 'target_ts')} ORDER BY t")
+
+
+def predicted_vs_actual(minutes: int, limit: int = 2000) -> str:
+    return ("SELECT arrival_ts, predictor_version, ttft_s, predicted_ttft_s, "
+            "predicted_ttft_p90_s, tpot_s, predicted_tpot_s, predicted_tpot_p90_s FROM requests "
+            f"WHERE status = 'ok' AND predicted_ttft_s IS NOT NULL AND ttft_s > 0 "
+            f"AND {_since(minutes)} ORDER BY arrival_ts DESC LIMIT {int(limit)}")
+
+
+def prediction_accuracy(minutes: int) -> str:
+    """As served: each model's p50 MAPE and p90 coverage on the requests it judged."""
+    return ("SELECT predictor_version, count(*) AS requests, "
+            "avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_p50_mape, "
+            "avg(CASE WHEN ttft_s <= predicted_ttft_p90_s THEN 1.0 ELSE 0.0 END) "
+            "AS ttft_p90_coverage, "
+            "avg(abs(predicted_tpot_s - tpot_s) / tpot_s) FILTER (tpot_s > 0) AS tpot_p50_mape, "
+            "avg(CASE WHEN tpot_s <= predicted_tpot_p90_s THEN 1.0 ELSE 0.0 END) "
+            "FILTER (tpot_s > 0) AS tpot_p90_coverage FROM requests "
+            f"WHERE status = 'ok' AND ttft_s > 0 AND predicted_ttft_s IS NOT NULL "
+            f"AND {_since(minutes)} GROUP BY ALL ORDER BY requests DESC")
+
+
+EXAMPLES = {
+    "Slowest requests in the last hour": slowest_requests(60),
+    "P99 TTFT by context bucket (1 h)": (
+        "SELECT context_bucket, count(*) AS requests, quantile_cont(ttft_s, 0.99) AS ttft_p99 "
+        "FROM requests WHERE status = 'ok' AND arrival_ts > now() - INTERVAL 1 HOUR "
+        "GROUP BY ALL ORDER BY context_bucket"),
+    "Rejections and errors by reason (1 h)": (
+        "SELECT status, http_status, error_type, count(*) AS requests FROM requests "
+        "WHERE status <> 'ok' AND arrival_ts > now() - INTERVAL 1 HOUR "
+        "GROUP BY ALL ORDER BY requests DESC"),
+    "Policy actions applied (1 h)": (
+        "SELECT action, count(*) AS requests FROM (SELECT unnest(policy_actions) AS action "
+        "FROM requests WHERE arrival_ts > now() - INTERVAL 1 HOUR) "
+        "GROUP BY ALL ORDER BY requests DESC"),
+    "Engine load per minute (1 h)": (
+        "SELECT time_bucket(INTERVAL 1 MINUTE, ts) AS minute, avg(running) AS running, "
+        "avg(waiting) AS waiting, max(kv_cache_usage) AS kv_max, sum(preemptions) AS "
+        "preemptions FROM engine_stats WHERE ts > now() - INTERVAL 1 HOUR "
+        "GROUP BY ALL ORDER BY minute"),
+    "Policy transitions (newest first)": (
+        "SELECT ts, policy, from_state, to_state, reason FROM policy_events "
+        "ORDER BY ts DESC LIMIT 100"),
+}

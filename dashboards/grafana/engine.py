@@ -3,12 +3,17 @@ outcomes, errors and trace-log rows dropped, per server instance."""
 
 from __future__ import annotations
 
-from observe import registry as R
-
 from dashboards.grafana.layout import Board
-from dashboards.grafana.panels import (buckets_over_time, graph, legend_of, queries, steps,
-                                       unit_of)
+from dashboards.grafana.panels import (
+    buckets_over_time,
+    graph,
+    legend_of,
+    queries,
+    steps,
+    unit_of,
+)
 from dashboards.grafana.promql import bucket_counts, gauge, mean, quantile, rate, summed
+from observe import registry as R
 
 INSTANCE = ("instance",)
 

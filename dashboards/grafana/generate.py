@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from slo.spec import SLOSpec
-
 from dashboards.grafana import engine, latency, policies, slo_overview
+from slo.spec import SLOSpec
 
 # File name -> builder; each builder takes the SLO spec and returns the JSON data.
 DASHBOARDS = {

@@ -4,13 +4,25 @@ prompt lengths."""
 
 from __future__ import annotations
 
-from observe import registry as R
-
 from dashboards.grafana.layout import Board, choice_variable
-from dashboards.grafana.panels import (buckets_in_range, buckets_over_time, graph,
-                                       legend_of, queries, unit_of)
-from dashboards.grafana.promql import (QUANTILES, bucket_counts, matchers,
-                                       percentile_legend, quantile, rate, summed)
+from dashboards.grafana.panels import (
+    buckets_in_range,
+    buckets_over_time,
+    graph,
+    legend_of,
+    queries,
+    unit_of,
+)
+from dashboards.grafana.promql import (
+    QUANTILES,
+    bucket_counts,
+    matchers,
+    percentile_legend,
+    quantile,
+    rate,
+    summed,
+)
+from observe import registry as R
 
 BUCKET = R.LABEL_CONTEXT_BUCKET  # the label, and the dashboard variable named after it
 SELECTED = matchers(**{BUCKET: "~$" + BUCKET})

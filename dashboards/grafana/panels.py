@@ -8,10 +8,19 @@ loads a panel (`validateFieldConfig`), so `0` there draws as Grafana's own `null
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.builders import bargauge, common as cb, dashboard as db
-from grafana_foundation_sdk.builders import heatmap, prometheus, stat, statetimeline
-from grafana_foundation_sdk.builders import timeseries
-from grafana_foundation_sdk.models import common as cm, dashboard as dm, heatmap as hm
+from grafana_foundation_sdk.builders import (
+    bargauge,
+    heatmap,
+    prometheus,
+    stat,
+    statetimeline,
+    timeseries,
+)
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 from observe.registry import MetricDef

@@ -3,11 +3,10 @@ against the measured KV-cache usage and the memory-pressure line."""
 
 from __future__ import annotations
 
-from observe import registry as R
-
 from dashboards.grafana.layout import Board
 from dashboards.grafana.panels import graph, legend_of, queries, single, states, steps
 from dashboards.grafana.promql import gauge
+from observe import registry as R
 
 POLICY = (R.LABEL_POLICY,)
 

@@ -7,14 +7,13 @@ per-context-bucket view of bad events reads `tailguard_slo_requests_total` itsel
 
 from __future__ import annotations
 
-from observe import registry as R
-from slo.spec import SLO, SLOSpec
-from slo.windows import BURN_WINDOWS
-
 from dashboards.grafana import sloth
 from dashboards.grafana.layout import Board
 from dashboards.grafana.panels import graph, legend_of, queries, single, steps
 from dashboards.grafana.promql import matchers, rate
+from observe import registry as R
+from slo.spec import SLO, SLOSpec
+from slo.windows import BURN_WINDOWS
 
 # The windows a burn rate is drawn over: the short page window, then every long one.
 BURN_RATE_WINDOWS = ("5m",) + tuple(w.long for w in BURN_WINDOWS)

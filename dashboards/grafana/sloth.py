@@ -10,9 +10,8 @@ ever adding two series together.
 
 from __future__ import annotations
 
-from observe import registry as R
-
 from dashboards.grafana.promql import matchers
+from observe import registry as R
 
 
 def selector(service: str, slo: str | None = None) -> str:

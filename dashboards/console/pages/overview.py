@@ -1,0 +1,98 @@
+"""Overview: every SLO at a glance (attainment, budget, burn rates, red/amber/green),
+goodput, and which degradation policies are acting now."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboards.console import charts, common, queries
+from dashboards.console.health import COLORS, firing, health, worst
+from slo.report import SHOWN_WINDOWS
+
+
+def policy_banner(src) -> None:
+    if not src.live:
+        st.caption(common.NEEDS_SERVER + " Active policies are not shown.")
+        return
+    data = src.policies()
+    acting = [p for p in data["policies"] if p["effective"] != "inactive"
+              and p["policy"] != "batch_control"]
+    forced = [p["policy"] for p in data["policies"]
+              if p["override"] and p["override"]["mode"] != "auto"]
+    if acting:
+        st.warning("Active policies: " + ", ".join(
+            f"**{p['policy']}** ({p['effective']}{', forced' if p['policy'] in forced else ''})"
+            for p in acting) + f"; concurrency limit {data['decisions']['concurrency_limit']}.")
+    else:
+        st.success("No degradation policy is acting; concurrency limit "
+                   f"{data['decisions']['concurrency_limit']}.")
+    if forced:
+        st.caption("Operator overrides in force: " + ", ".join(forced))
+
+
+def slo_cards(slos: list[dict]) -> None:
+    overall = [s for s in slos if not s["group"]]
+    columns = st.columns(max(1, min(len(overall), 6)))
+    for i, slo in enumerate(overall):
+        state = health(slo)
+        with columns[i % len(columns)].container(border=True):
+            st.markdown(f":{COLORS[state]}[●] **{slo['name']}**  ·  objective "
+                        f"{slo['objective']:.2%}")
+            attainment = slo["attainment"]
+            budget = slo["budget_remaining"]
+            st.metric("attainment", "-" if attainment is None else f"{attainment:.3%}",
+                      delta=None if budget is None else f"budget left {budget:.1%}",
+                      delta_color="normal" if (budget or 0) > 0 else "inverse")
+            alerts = firing(slo)
+            st.caption(", ".join(alerts) if alerts else "no burn-rate alert firing")
+
+
+def burn_frame(slos: list[dict], grouped: bool) -> pd.DataFrame:
+    rows = []
+    for slo in slos:
+        if bool(slo["group"]) != grouped:
+            continue
+        label = slo["name"] + ("" if not slo["group"] else " · " + ", ".join(
+            f"{k}={v}" for k, v in slo["group"].items()))
+        for w in slo["windows"]:
+            if w["window"] in SHOWN_WINDOWS and w["burn_rate"] is not None:
+                rows.append({"slo": label, "window": w["window"],
+                             "burn_rate": w["burn_rate"], "events": w["events"]})
+    return pd.DataFrame(rows, columns=["slo", "window", "burn_rate", "events"])
+
+
+def group_table(slos: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame([{"slo": s["name"], **s["group"], "health": health(s),
+                          "attainment": s["attainment"], "budget_left": s["budget_remaining"]}
+                         for s in slos if s["group"]])
+
+
+def render(src, minutes: int) -> None:
+    status = src.slo()
+    slos = status["slos"]
+    overall = worst([health(s) for s in slos if not s["group"]])
+    st.header(f":{COLORS[overall]}[●] Overview")
+    policy_banner(src)
+    if not any(w["events"] for s in slos for w in s["windows"]):
+        st.info(common.NO_REQUESTS)
+        return
+    slo_cards(slos)
+    goodput = status["goodput_rps"]
+    cols = st.columns(3)
+    for col, window in zip(cols, ("5m", "1h", "1d")):
+        col.metric(f"goodput {window}", f"{goodput.get(window, 0):.3f} req/s",
+                   help="Requests per second that met every SLO.")
+    st.subheader("Burn rates per window")
+    st.altair_chart(charts.burn_heatmap(burn_frame(slos, grouped=False)), width="stretch")
+    st.subheader("Requests and goodput")
+    flow = src.query(queries.throughput_over_time(minutes))
+    if flow.empty:
+        st.info(common.NO_REQUESTS)
+    else:
+        st.altair_chart(charts.throughput(flow), width="stretch")
+    with st.expander("By context bucket and priority"):
+        st.dataframe(group_table(slos), hide_index=True)
+
+
+common.run_page(render)

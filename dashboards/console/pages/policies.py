@@ -1,0 +1,114 @@
+"""Policies: each degradation policy's state, why it is there and since when;
+operator overrides (auto / force on / force off, with a required reason and an
+optional TTL) through `PUT /admin/policies/{name}`; the audit log."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pandas as pd
+import streamlit as st
+
+from dashboards.console import common
+from dashboards.console.client import ConsoleError
+
+MODES = {"auto": "auto", "force_on": "force on", "force_off": "force off"}
+MESSAGE_KEY = "policy_message"
+EFFECTIVE_ICONS = {"active": "🔴 active", "recovering": "🟠 recovering", "inactive": "🟢 inactive"}
+
+
+def _when(epoch: float | None) -> datetime | None:
+    return None if not epoch else datetime.fromtimestamp(epoch, timezone.utc)
+
+
+def state_table(policies: list[dict]) -> pd.DataFrame:
+    rows = []
+    for p in policies:
+        o = p["override"] or {}
+        rows.append({"policy": p["policy"], "effective": EFFECTIVE_ICONS.get(p["effective"],
+                                                                              p["effective"]),
+                     "machine state": p["state"], "mode": MODES[o.get("mode", "auto")],
+                     "reason": o.get("reason") if o.get("mode", "auto") != "auto"
+                     else p.get("reason"),
+                     "last transition": _when(p["since"]),
+                     "override by": o.get("actor"), "override expires": _when(o.get("expires"))})
+    return pd.DataFrame(rows)
+
+
+def render(src, minutes: int) -> None:
+    if not src.live:
+        st.info(common.NEEDS_SERVER + " Below: the transitions and overrides it recorded.")
+        st.dataframe(src.query("SELECT * FROM policy_events ORDER BY ts DESC LIMIT 200"),
+                     hide_index=True)
+        st.dataframe(src.query("SELECT * FROM overrides ORDER BY created_ts DESC LIMIT 200"),
+                     hide_index=True)
+        return
+    data = src.policies()
+    st.dataframe(state_table(data["policies"]), hide_index=True)
+    signals = data.get("signals") or {}
+    limiter = data["limiter"]
+    st.caption(f"Signals: P99 {signals.get('p99_s') or 0:.3f} s, load "
+               f"{signals.get('load') or 0:.0%}, KV {signals.get('kv_usage') or 0:.0%} "
+               f"(forecast {signals.get('kv_forecast') or 0:.0%}), queue "
+               f"{signals.get('queue_depth', 0)}; limiter {limiter['in_flight']}/"
+               f"{limiter['limit']} in flight, {limiter['waiting']} waiting.")
+
+
+def _apply(src, name: str) -> None:
+    """Form callback: runs before the page, so the table below shows the new state."""
+    mode = st.session_state[f"mode-{name}"]
+    reason = st.session_state[f"reason-{name}"].strip()
+    ttl_min = st.session_state[f"ttl-{name}"]
+    if not reason:
+        st.session_state[MESSAGE_KEY] = ("error", f"{name}: an override needs a reason.")
+        return
+    try:
+        result = src.set_policy(name, mode, reason, ttl_min * 60 or None)
+    except ConsoleError as exc:
+        st.session_state[MESSAGE_KEY] = ("error", f"{name}: {exc}")
+        return
+    st.session_state[f"reason-{name}"] = ""
+    st.session_state[MESSAGE_KEY] = ("success", f"{name}: {MODES[mode]} (effective now: "
+                                                f"{result['effective']}).")
+
+
+def override_forms(src) -> None:
+    st.subheader("Overrides")
+    for p in src.policies()["policies"]:
+        name, current = p["policy"], (p["override"] or {}).get("mode", "auto")
+        with st.form(f"override-{name}", border=True):
+            cols = st.columns([2, 4, 5, 2, 1.4], vertical_alignment="bottom")
+            cols[0].markdown(f"**{name}**  \n{EFFECTIVE_ICONS.get(p['effective'], '')}")
+            cols[1].radio("Mode", list(MODES), format_func=MODES.get, horizontal=True,
+                          index=list(MODES).index(current), key=f"mode-{name}")
+            cols[2].text_input("Reason (required)", key=f"reason-{name}")
+            cols[3].number_input("TTL (min, 0 = none)", 0, 24 * 60, 0, key=f"ttl-{name}")
+            cols[4].form_submit_button("Apply", on_click=_apply, args=(src, name))
+
+
+def audit(src) -> None:
+    st.subheader("Audit log")
+    data = src.audit()
+    st.caption("Overrides (who, when, why, mode, expiry), newest first")
+    if data["overrides"]:
+        st.dataframe(pd.DataFrame(data["overrides"]), hide_index=True)
+    else:
+        st.info("No override has been set on this server.")
+    st.caption("Policy transitions, newest first")
+    if data["events"]:
+        st.dataframe(pd.DataFrame(data["events"]), hide_index=True)
+    else:
+        st.info("No policy has moved yet.")
+
+
+def static(src) -> None:
+    if src.live:
+        override_forms(src)
+        audit(src)
+
+
+st.header("Policies")
+if MESSAGE_KEY in st.session_state:
+    kind, text = st.session_state.pop(MESSAGE_KEY)
+    (st.error if kind == "error" else st.success)(text)
+common.run_page(render, static=static)
