@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from observe.tracelog import TraceLog
-from tests.conftest import ADMIN_TOKEN
+from tests.conftest import ADMIN_TOKEN, SESSION_SLO
 
 
 def tailguard(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -62,6 +62,9 @@ def test_query_as_a_table(trace_file):
     (["serve", "--port", "0"], "0"),
     (["serve", "--model", "/nonexistent"], "/nonexistent"),
     (["no-such-command"], "no-such-command"),
+    (["console", "--slo", str(SESSION_SLO)], "--slo goes with --db"),
+    (["console", "--db", "/nonexistent/t.duckdb"], "/nonexistent"),
+    (["console", "--refresh", "999"], "999"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, needle):
     out = tailguard(*args)

@@ -89,9 +89,15 @@ def test_without_a_backtest_the_forecast_is_the_last_value(tmp_path):
                                   refresh_s=0)
         for second in range(12):
             service.observe(_snapshot(second, 0.25 if second < 10 else 0.5), 1.7e9 + second)
+        log.flush()
+        made = log.query("SELECT epoch(target_ts) - epoch(ts) AS ahead, target, horizon_s, "
+                         "model, value FROM forecasts ORDER BY ts").rows
     # the last 5 s bucket holds seconds 10 and 11 (0.5 each)
     assert seen[-1] == (0.5, "5m")
     assert service.describe()["model"] == "last_value"
+    # every forecast served is kept, for the time it was made for
+    assert len(made) == len(seen) == 12
+    assert made[-1] == (300.0, "kv_cache_usage", 300.0, "last_value", 0.5)
 
 
 def test_a_short_history_is_not_backtested(tmp_path):

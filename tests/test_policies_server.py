@@ -113,6 +113,8 @@ def test_token_cap_trips_on_queue_depth_and_recovers(guarded):
     with ThreadPoolExecutor(12) as pool:
         stalled = [pool.submit(complete, guarded, PLAIN, 20, 4) for _ in range(7)]
         wait_for(lambda: state(guarded, "token_cap") == "active")
+        described = next(p for p in policies(guarded)["policies"] if p["policy"] == "token_cap")
+        assert described["reason"].startswith("queue depth") and described["since"] > 0
         capped = pool.submit(complete, guarded, PLAIN, 20, 400)
         time.sleep(0.5)
         fault(guarded, "none")

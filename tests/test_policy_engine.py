@@ -91,7 +91,7 @@ def test_each_transition_carries_policy_states_reason_details_and_time():
     machine = PolicyMachine("breaker_l1", Timing(min_hold_s=10))
     assert machine.step(T0, True, "p99 high", {"p99_s": 2.0}) == Transition(
         "breaker_l1", INACTIVE, ACTIVE, "p99 high", {"p99_s": 2.0}, T0)
-    assert machine.since == T0
+    assert (machine.since, machine.reason) == (T0, "p99 high")
     assert machine.step(T0 + 9.5, False, "p99 ok", {}) is None  # held
     assert machine.step(T0 + 10, False, "p99 ok", {"p99_s": 0.3}) == Transition(
         "breaker_l1", ACTIVE, RECOVERING, "condition cleared; recovery check in 5 s",
@@ -102,6 +102,7 @@ def test_each_transition_carries_policy_states_reason_details_and_time():
         "breaker_l1", RECOVERING, INACTIVE, "recovered: condition stayed clear", {"x": 1},
         T0 + 15)
     assert (machine.state, machine.since, machine.backoff_s) == (INACTIVE, T0 + 15, 5)
+    assert machine.reason == "recovered: condition stayed clear"
 
 
 def test_a_relapse_says_so_in_the_reason():
