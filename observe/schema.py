@@ -81,6 +81,7 @@ REQUESTS: Final = TableSpec("requests", (
     ("predicted_ttft_s", "DOUBLE"), ("predicted_ttft_p90_s", "DOUBLE"),
     ("predicted_tpot_s", "DOUBLE"), ("predicted_tpot_p90_s", "DOUBLE"),
     ("predicted_e2e_s", "DOUBLE"), ("predictor_version", "VARCHAR"),
+    ("vip", "BOOLEAN"),  # the API key's VIP flag (what vip_only admits; the replay needs it)
 ))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),

@@ -240,7 +240,7 @@ class RequestRecord:
             "preemptions": engine.preemptions if engine else 0,
             "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
             "policy_actions": list(self.policy_actions),
-            "tokenize_s": self.tokenize_s,
+            "tokenize_s": self.tokenize_s, "vip": self.vip,
             **_load_columns(self.load), **_prediction_columns(self.prediction),
         }
 

@@ -14,7 +14,7 @@ from observe.stats import EngineSnapshot, RequestRecord
 from serving.faults import FaultInjector
 from serving.limiter import Limiter
 from serving.overrides import OverrideStore
-from serving.policy_loop import PolicyEngine
+from slo.policy_engine import PolicyEngine
 from slo import policies as P
 from slo.decisions import Decisions
 from slo.policy import ACTIVE

@@ -1,7 +1,8 @@
-"""The policy engine inside the server: once a second it reads the in-memory windows,
-steps every policy's state machine and the batch controller, records each
-transition (`policy_events`, `tailguard_policy_active`), and publishes one
-`Decisions` object that admission applies to the next requests.
+"""The policy engine: once a second it reads the in-memory windows, steps every
+policy's state machine and the batch controller, records each transition
+(`policy_events`, `tailguard_policy_active`), and publishes one `Decisions` object that
+admission applies to the next requests. The server runs it on the clock; the replay
+runs the same object in simulated time (every method takes `now`).
 """
 
 from __future__ import annotations
@@ -48,10 +49,14 @@ class PolicyEngine:
     # --- inputs -------------------------------------------------------------------
 
     def on_request(self, rec: RequestRecord, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        self.outcomes.add(now, rec.status == R.STATUS_ERROR)
-        if rec.status == R.STATUS_OK and rec.ttft_s is not None:
-            self.ttft.add(now, rec.ttft_s)
+        self.on_outcome(time.time() if now is None else now, rec.status == R.STATUS_ERROR,
+                        rec.ttft_s if rec.status == R.STATUS_OK else None)
+
+    def on_outcome(self, now: float, error: bool, ttft_s: float | None) -> None:
+        """A finished request: whether it failed (5xx) and its TTFT if it succeeded."""
+        self.outcomes.add(now, error)
+        if ttft_s is not None:
+            self.ttft.add(now, ttft_s)
 
     def on_engine_second(self, busy_share: float, now: float | None = None) -> None:
         self.busy.add(time.time() if now is None else now, busy_share)
