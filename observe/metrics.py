@@ -41,17 +41,20 @@ class MetricsExport:
         self.provider.shutdown()
 
 
-def create_prometheus_export(registry=None) -> MetricsExport:
+def create_prometheus_export(registry=None, extra_readers=(), resource=None) -> MetricsExport:
     """Meter provider + Prometheus reader registered into `registry`
     (prometheus_client's default one unless given, so vLLM's own `vllm:*` series
-    are served beside ours on /metrics)."""
+    are served beside ours on /metrics), plus any other readers (OTLP export) over the
+    same instruments; `resource` names the service for those."""
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
     from opentelemetry.sdk.metrics import MeterProvider
     from prometheus_client import REGISTRY
 
     registry = registry or REGISTRY
     reader = PrometheusMetricReader(disable_target_info=True, registry=registry)
-    return MetricsExport(MeterProvider(metric_readers=[reader]), reader, registry)
+    kwargs = {"resource": resource} if resource is not None else {}
+    provider = MeterProvider(metric_readers=[reader, *extra_readers], **kwargs)
+    return MetricsExport(provider, reader, registry)
 
 
 class RequestMetrics:

@@ -10,6 +10,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from observe.otlp import ENV_ENDPOINT, OtlpConfig, otlp_config_from
 from serving.keys import KeyRing, load_keys
 from slo import modelfile
 from slo.policies import PolicyConfig
@@ -59,6 +60,9 @@ class ServerConfig:
     keys_file: str | None = None  # API keys -> tiers; without it every client is realtime
     policy_file: str | None = None  # YAML of PolicyConfig fields overriding SPEC defaults
     enable_fault_injection: bool = False  # PUT /admin/faults (tests, drills)
+    otlp_endpoint: str | None = None  # OTLP collector; else $OTEL_EXPORTER_OTLP_ENDPOINT
+    otlp_protocol: str | None = None  # http/protobuf (default) or grpc
+    otlp: OtlpConfig | None = field(init=False)
     policies: PolicyConfig = field(init=False)
     keys: KeyRing = field(init=False)
     vllm_args: list[str] = field(default_factory=list)
@@ -68,6 +72,9 @@ class ServerConfig:
         self.spec = load_spec(self.slo_file)  # SpecError (a ValueError) names field + line
         self.policies = load_policy_config(self.policy_file)
         self.keys = load_keys(self.keys_file) if self.keys_file else KeyRing.open()
+        if self.otlp_protocol and not (self.otlp_endpoint or os.environ.get(ENV_ENDPOINT)):
+            raise ValueError("--otlp-protocol needs --otlp-endpoint")
+        self.otlp = otlp_config_from(self.otlp_endpoint, self.otlp_protocol)
         self.db = self.db or _env(ENV_DB, DEFAULT_DB)
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)

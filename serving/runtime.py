@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 
 from observe.metrics import RequestMetrics, create_prometheus_export
+from observe.otlp import create_otlp_metric_reader, create_otlp_span_processor
 from observe.stats import WallClock
 from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
@@ -51,9 +52,13 @@ class Runtime:
         self.config = config
         self.clock = WallClock()
         self.tracelog = TraceLog(config.db, flush_interval_s=config.flush_interval_s)
-        self.metrics_export = create_prometheus_export()
-        self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"))
         self.tracer_provider = create_tracer_provider(lambda row: self.tracelog.add("spans", row))
+        self.metrics_export = create_prometheus_export(
+            extra_readers=[create_otlp_metric_reader(config.otlp)] if config.otlp else (),
+            resource=self.tracer_provider.resource)
+        if config.otlp:  # the same spans, also to a collector, batched off the hot path
+            self.tracer_provider.add_span_processor(create_otlp_span_processor(config.otlp))
+        self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"))
         self.spans = RequestSpans(self.tracer_provider, self.clock)
         self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec)
         self.second = EngineSecond()

@@ -28,7 +28,9 @@ MIN_STEPS = 200
 STEPS_SQL = """SELECT duration_s,
   CAST(attributes->>'$."tailguard.step.batch_size"' AS INTEGER) AS seqs,
   CAST(attributes->>'$."tailguard.step.scheduled_tokens"' AS INTEGER) AS tokens
-FROM spans WHERE name = 'llm.step' AND duration_s IS NOT NULL"""
+FROM spans WHERE name = 'llm.step' AND duration_s IS NOT NULL
+  AND attributes->>'$."tailguard.step.batch_size"' IS NOT NULL
+  AND attributes->>'$."tailguard.step.scheduled_tokens"' IS NOT NULL"""
 
 OVERHEAD_SQL = """SELECT median(ttft_s - prefill_s), count(*) FROM requests
 WHERE status = 'ok' AND ttft_s IS NOT NULL AND prefill_s IS NOT NULL

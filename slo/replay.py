@@ -25,8 +25,8 @@ from slo.simulate import SimRequest, Simulator
 # before the `vip` column existed replay everyone as non-VIP.
 ARRIVALS_SQL = """SELECT epoch(arrival_ts) AS t, prompt_tokens, output_tokens, max_tokens,
   priority, {vip} AS vip, slo_ttft_target_s, status, ttft_s,
-  len(list_filter(policy_actions, lambda a: a LIKE 'shed:%' OR a LIKE 'reject:%')) > 0
-    OR coalesce(error_type, '') = 'admission_timeout' AS shed
+  coalesce(len(list_filter(policy_actions, lambda a: a LIKE 'shed:%' OR a LIKE 'reject:%')), 0)
+    > 0 OR coalesce(error_type, '') = 'admission_timeout' AS shed
 FROM requests
 WHERE prompt_tokens > 0 AND (status <> 'rejected' OR http_status IN (429, 503))
 ORDER BY arrival_ts"""
@@ -100,7 +100,7 @@ def simulate(model: EngineModel, config: P.PolicyConfig | None, arrivals: list[S
     sim = Simulator(model, config)
     done = sim.run(arrivals)
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
-    shed = sum(1 for r in done if r.status == R.STATUS_REJECTED)
+    shed = sum(1 for r in done if r.shed)
     return _outcome(len(done), sum(r.good for r in done), shed, ttft, duration_s), sim
 
 

@@ -49,6 +49,12 @@ class SimRequest:
         return None if self.first_token is None else self.first_token - self.arrival
 
     @property
+    def shed(self) -> bool:
+        """Refused by a policy or the limiter's timeout (not by the engine's size)."""
+        return self.status == REJECTED and any(
+            a.startswith(("shed:", "reject:")) or a == "admission_timeout" for a in self.actions)
+
+    @property
     def good(self) -> bool:
         return (self.status == OK and self.ttft_s is not None
                 and (self.target_s is None or self.ttft_s <= self.target_s))
