@@ -28,7 +28,7 @@ ARRIVALS_SQL = """SELECT epoch(arrival_ts) AS t, prompt_tokens, output_tokens, m
   coalesce(len(list_filter(policy_actions, lambda a: a LIKE 'shed:%' OR a LIKE 'reject:%')), 0)
     > 0 OR coalesce(error_type, '') = 'admission_timeout' AS shed
 FROM requests
-WHERE prompt_tokens > 0 AND (status <> 'rejected' OR http_status IN (429, 503))
+WHERE status <> 'rejected' OR http_status IN (429, 503)
 ORDER BY arrival_ts"""
 HAS_VIP_SQL = ("SELECT count(*) FROM information_schema.columns "
                "WHERE table_name = 'requests' AND column_name = 'vip'")
@@ -54,9 +54,9 @@ class Recorded:
     duration_s: float
 
     def arrivals(self) -> list[SimRequest]:
-        typical = _typical_output(self.requests)
-        return [SimRequest(arrival=r["t"], prompt=r["prompt_tokens"],
-                           output=r["output_tokens"] if not r["shed"] else typical(r),
+        prompt, output = _typical(self.requests)
+        return [SimRequest(arrival=r["t"], prompt=r["prompt_tokens"] or prompt,
+                           output=r["output_tokens"] if not r["shed"] else output(r),
                            max_tokens=r["max_tokens"], priority=r["priority"] or
                            R.PRIORITY_REALTIME, vip=bool(r["vip"]),
                            target_s=r["slo_ttft_target_s"]) for r in self.requests]
@@ -81,12 +81,14 @@ def load_recorded(query: Query) -> Recorded:
     return Recorded(requests, max(1.0, requests[-1]["t"]))
 
 
-def _typical_output(requests: list[dict]):
-    """Output length for a request that was shed (never generated): the median of
-    served requests, within its max_tokens."""
-    served = [r["output_tokens"] for r in requests if not r["shed"] and r["output_tokens"]]
-    median = int(np.median(served)) if served else 16
-    return lambda r: max(1, min(median, r["max_tokens"] or median))
+def _typical(requests: list[dict]):
+    """For requests shed before the server read them (no prompt length) or before
+    they generated: the median prompt, and the median output within max_tokens, of
+    the requests served."""
+    served = [r for r in requests if not r["shed"] and r["output_tokens"]]
+    prompt = int(np.median([r["prompt_tokens"] for r in served])) if served else 256
+    output = int(np.median([r["output_tokens"] for r in served])) if served else 16
+    return prompt, lambda r: max(1, min(output, r["max_tokens"] or output))
 
 
 def _outcome(n: int, good: int, shed: int, ttft: list[float], duration_s: float) -> Outcome:
