@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Callable, Final, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -29,6 +29,7 @@ DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 # so this bounds how long it can stall the event loop (~2 ms for timestamps).
 CONVERT_CHUNK_ROWS: Final = 8192
 _BATCH_VIEW: Final = "__tailguard_batch"
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +184,20 @@ class TraceLog:
         self.flush()
         with self._flush_lock, self._reader_lock:
             self._conn.close()
+
+    def with_writer(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+        """Flush, then run `fn` on a connection of its own to this database while no
+        flush can write (archiving moves rows out in its own transaction). `add()` keeps
+        buffering meanwhile. The connection has external access switched off."""
+        self.flush()
+        with self._flush_lock:
+            if self._closed:
+                raise RuntimeError(f"trace log {self.path} is closed")
+            conn = self._conn.cursor()
+            try:
+                return fn(conn)
+            finally:
+                conn.close()
 
     def __enter__(self) -> TraceLog:
         return self

@@ -44,6 +44,7 @@ def main():
 main.add_command(commands.model)
 main.add_command(commands.serve)
 main.add_command(commands.query)
+main.add_command(commands.archive)
 main.add_command(dashboards)
 main.add_command(rules)
 main.add_command(slo)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from datetime import datetime, timezone
 
 import click
+
+from tailguard.clitools import one_line
 
 EMBEDDED_NAME = "tailguard-tiny-llama"
 
@@ -91,23 +95,34 @@ def _embedded_model():
 @click.command()
 @click.option("--db", type=click.Path(dir_okay=False), help="Trace-log file (read-only).")
 @click.option("--url", help="A running server (its /admin/query).")
+@click.option("--archive", type=click.Path(file_okay=False),
+              help="Parquet archive directory (tailguard archive / serve --archive-dir): "
+                   "every instance's rows, with `date` and `instance` columns.")
 @click.option("--token-file", type=click.Path(dir_okay=False),
               help="Admin token file for --url (default: $TAILGUARD_ADMIN_TOKEN).")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table",
               show_default=True)
 @click.option("--max-rows", default=10_000, show_default=True, type=click.IntRange(1))
 @click.argument("sql")
-def query(db, url, token_file, fmt, max_rows, sql):
+def query(db, url, archive, token_file, fmt, max_rows, sql):
     """Read-only SQL over the trace log.
 
     Example: tailguard query --db tailguard.duckdb "SELECT status, count(*) FROM requests GROUP BY 1"
+
+    Example: tailguard query --archive archive/ "SELECT instance, count(*) FROM requests GROUP BY 1"
     """
     from observe.query import QueryError, format_result
 
-    if bool(db) == bool(url):
-        raise click.UsageError("give exactly one of --db FILE or --url URL")
+    if [bool(db), bool(url), bool(archive)].count(True) != 1:
+        raise click.UsageError("give exactly one of --db FILE, --url URL or --archive DIR")
     try:
-        if db:
+        if archive:
+            from observe.archive import query_archive
+
+            if not os.path.isdir(archive):
+                raise click.UsageError(f"no such archive directory: {archive}")
+            result = query_archive(archive, sql, max_rows=max_rows)
+        elif db:
             from observe.query import query_file
 
             if not os.path.exists(db):
@@ -118,7 +133,35 @@ def query(db, url, token_file, fmt, max_rows, sql):
 
             result = query_url(url, sql, token_file, max_rows)
     except QueryError as exc:
-        raise click.UsageError(str(exc))
+        raise click.UsageError(one_line(exc))
     sys.stdout.write(format_result(result, fmt))
     if result.truncated:
         click.echo(f"(truncated to {max_rows} rows)", err=True)
+
+
+@click.command()
+@click.option("--db", required=True, type=click.Path(dir_okay=False),
+              help="Trace-log file no server holds (a server archives its own log).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Archive directory, shared by every instance (created if missing).")
+@click.option("--instance", help="This file's partition name (default: HOST_FILESTEM).")
+@click.option("--older-than", default="24h", show_default=True,
+              help="Move rows older than this: 90m, 24h, 7d, 2w; 0 moves every row.")
+def archive(db, out, instance, older_than):
+    """Move old trace-log rows into hive-partitioned Parquet by date and instance,
+    which `tailguard query --archive DIR` and other engines read as one dataset.
+
+    Example: tailguard archive --db trace.duckdb --out archive/ --older-than 7d
+    """
+    from observe.archive import ArchiveError, archive_file, instance_name
+    from slo.spec import parse_duration
+
+    try:
+        age_s = 0 if older_than.strip() == "0" else parse_duration(older_than)
+        name = None if instance is None else instance_name(instance)
+        before = datetime.fromtimestamp(time.time() - age_s, timezone.utc)
+        name, counts = archive_file(db, out, name, before)
+    except (ArchiveError, ValueError) as exc:
+        raise click.UsageError(one_line(exc))
+    moved = ", ".join(f"{table} {rows}" for table, rows in counts.items())
+    click.echo(f"archived {sum(counts.values())} rows as instance {name} to {out} ({moved})")
