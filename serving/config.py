@@ -10,11 +10,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from observe.archive import ArchiveConfig, instance_name
 from observe.otlp import ENV_ENDPOINT, OtlpConfig, otlp_config_from
 from serving.keys import KeyRing, load_keys
+from serving.profiling import ProfilingConfig, profiling_config_from
 from slo import modelfile
 from slo.policies import PolicyConfig
-from slo.spec import SLOSpec, load_spec
+from slo.spec import SLOSpec, load_spec, parse_duration
 
 ENV_DB = "TAILGUARD_DB"
 ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"
@@ -63,6 +65,13 @@ class ServerConfig:
     otlp_endpoint: str | None = None  # OTLP collector; else $OTEL_EXPORTER_OTLP_ENDPOINT
     otlp_protocol: str | None = None  # http/protobuf (default) or grpc
     otlp: OtlpConfig | None = field(init=False)
+    archive_dir: str | None = None  # Parquet archive (observe.archive); None: off
+    archive_after: str | None = None  # retention in the DB, e.g. "30d"
+    archive_interval_s: float = 3600.0
+    instance: str | None = None  # this server's name in the archive
+    archive: ArchiveConfig | None = field(init=False)
+    profile_server: str | None = None  # Pyroscope; else $TAILGUARD_PROFILE_SERVER
+    profiling: ProfilingConfig | None = field(init=False)
     policies: PolicyConfig = field(init=False)
     keys: KeyRing = field(init=False)
     vllm_args: list[str] = field(default_factory=list)
@@ -75,6 +84,8 @@ class ServerConfig:
         if self.otlp_protocol and not (self.otlp_endpoint or os.environ.get(ENV_ENDPOINT)):
             raise ValueError("--otlp-protocol needs --otlp-endpoint")
         self.otlp = otlp_config_from(self.otlp_endpoint, self.otlp_protocol)
+        self.archive = self._archive_config()
+        self.profiling = profiling_config_from(self.profile_server)
         self.db = self.db or _env(ENV_DB, DEFAULT_DB)
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
@@ -98,6 +109,17 @@ class ServerConfig:
             raise ValueError("max_n must be at least 1")
         if self.retrain_interval_s < 0 or self.reselect_interval_s < 0:
             raise ValueError("retrain and reselect intervals must be >= 0 (0: never)")
+
+    def _archive_config(self) -> ArchiveConfig | None:
+        """Retention defaults to the longest SLO window: the budget math reads the DB."""
+        if not self.archive_dir:
+            if self.archive_after or self.instance:
+                raise ValueError("--archive-after and --instance go with --archive-dir")
+            return None
+        longest = max(slo.window_s for slo in self.spec.slos)
+        retention = parse_duration(self.archive_after) if self.archive_after else longest
+        name = instance_name(self.instance or f"{self.host}:{self.port}")
+        return ArchiveConfig(self.archive_dir, name, retention, self.archive_interval_s)
 
     @property
     def predictor_path(self) -> Path:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from dataclasses import dataclass
 
+from observe.archive import Rotator
 from observe.metrics import RequestMetrics, create_prometheus_export
 from observe.otlp import create_otlp_metric_reader, create_otlp_span_processor
 from observe.stats import WallClock
@@ -29,7 +31,9 @@ from serving.guard import Guard
 from serving.keys import PRIORITY_HEADER
 from serving.load import LoadTracker, resident_bytes
 from serving.observer import Observer
+from serving.periodic import Periodic
 from serving.prediction import PredictionService
+from serving.profiling import start_profiling, stop_profiling
 from serving.steps import StepLedger
 from serving.warmup import warm_up
 
@@ -80,6 +84,8 @@ class Runtime:
         self.handle: EngineHandle | None = None
         self.warmup: list = []
         self._ticker: asyncio.Task | None = None
+        self._archiver: Periodic | None = None
+        self.rotator: Rotator | None = None
         self._dropped_seen: dict[str, int] = {}
 
     def _on_step(self, step) -> None:
@@ -112,8 +118,29 @@ class Runtime:
         self._ticker = asyncio.create_task(self._tick_engine_seconds())
         self.predictor.start()
         self.forecast.start()
+        self._start_archive()
+        if self.config.profiling:  # after the engine exists: the agent must not be forked
+            start_profiling(self.config.profiling, self.config.model_name, self.tracer_provider)
         log.info("tailguard ready: model %s, trace log %s", self.config.model_name,
                  self.config.db)
+
+    def _start_archive(self) -> None:
+        if self.config.archive is None:
+            return
+        rotator = Rotator(self.config.archive)
+
+        def rotate() -> None:
+            try:
+                moved = rotator.rotate(self.tracelog)
+                if any(moved.values()):
+                    log.info("archived %s to %s", moved, self.config.archive.archive_dir)
+            except Exception:  # nothing is lost; the next rotation retries
+                log.exception("archive rotation failed")
+
+        self.rotator = rotator
+        self._archiver = Periodic("tailguard-archive", self.config.archive.interval_s, rotate)
+        threading.Thread(target=rotate, name="tailguard-archive-catch-up", daemon=True).start()
+        self._archiver.start()
 
     async def _start_engine(self) -> EngineHandle:
         engine = await asyncio.to_thread(start_engine, self._args,
@@ -152,6 +179,9 @@ class Runtime:
             self._dropped_seen[table] = total
 
     async def stop(self) -> None:
+        if self._archiver is not None:
+            self._archiver.stop()
+        stop_profiling()
         self.predictor.stop()
         self.forecast.stop()
         self.guard.stop()

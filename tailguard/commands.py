@@ -57,10 +57,24 @@ def model_init(directory):
               help="YAML overriding degradation-policy thresholds (SPEC §3 defaults).")
 @click.option("--enable-fault-injection", is_flag=True,
               help="Allow PUT /admin/faults to make the engine slow, stall or fail (drills).")
+@click.option("--otlp-endpoint", help="Also send traces and metrics to this OpenTelemetry "
+              "collector (default: $OTEL_EXPORTER_OTLP_ENDPOINT; off).")
+@click.option("--otlp-protocol", type=click.Choice(["http/protobuf", "grpc"]),
+              help="OTLP transport (default: $OTEL_EXPORTER_OTLP_PROTOCOL or http/protobuf).")
+@click.option("--archive-dir", type=click.Path(file_okay=False),
+              help="Rotate old trace rows into hive-partitioned Parquet here (off if unset).")
+@click.option("--archive-after", help="Keep this much in the DB before archiving, e.g. 30d "
+              "(default: the longest SLO window, so error budgets stay whole).")
+@click.option("--archive-interval", type=click.FloatRange(min=1), default=3600,
+              show_default=True, help="Seconds between archive rotations.")
+@click.option("--instance", help="This server's name in the archive (default: host_port).")
+@click.option("--profile-server", help="Continuous profiling to this Pyroscope server "
+              "(default: $TAILGUARD_PROFILE_SERVER; off).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
           slo_file, model_dir, retrain_interval, reselect_interval, keys_file, policy_file,
-          enable_fault_injection, vllm_args):
+          enable_fault_injection, otlp_endpoint, otlp_protocol, archive_dir, archive_after,
+          archive_interval, instance, profile_server, vllm_args):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -78,7 +92,10 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             flush_interval_s=flush_interval, slo_file=slo_file, model_dir=model_dir,
             retrain_interval_s=retrain_interval, reselect_interval_s=reselect_interval,
             keys_file=keys_file, policy_file=policy_file,
-            enable_fault_injection=enable_fault_injection, vllm_args=list(vllm_args))
+            enable_fault_injection=enable_fault_injection, otlp_endpoint=otlp_endpoint,
+            otlp_protocol=otlp_protocol, archive_dir=archive_dir, archive_after=archive_after,
+            archive_interval_s=archive_interval, instance=instance,
+            profile_server=profile_server, vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.server import run

@@ -1,52 +1,438 @@
-"""The console's first page, in Streamlit's AppTest, against the real server."""
+"""The ops console (dashboards/console), every page in Streamlit's AppTest: against the
+real session server (admin API, data seeded by real completions), against a server
+that refuses the token or is not there, and against a read-only trace file."""
 
 from __future__ import annotations
 
+import json
+import time
+import urllib.request
 from pathlib import Path
 
+import pytest
+from streamlit.proto.Metric_pb2 import Metric as MetricProto
 from streamlit.testing.v1 import AppTest
 
+from dashboards.console import queries
+from dashboards.console.client import AdminClient
+from observe.tracelog import TraceLog
+from slo import policies as P
 from tests.conftest import ADMIN_TOKEN, free_port
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "console" / "app.py")
+OVERVIEW, LATENCY, TRACES, FORECASTS, POLICIES = (
+    "views/overview.py", "views/latency.py", "views/traces.py", "views/forecasts.py",
+    "views/policies.py")
+PAGES = (OVERVIEW, LATENCY, TRACES, FORECASTS, POLICIES)
+ALL_POLICIES = {P.BREAKER_L1, P.BREAKER_L2, P.TOKEN_CAP, P.VIP_ONLY, P.MEMORY_PRESSURE,
+                P.TRUNCATION, P.PREDICTED_MISS, P.BATCH_CONTROL}
+SEEDS = ("console-seed-0", "console-seed-1", "console-seed-2")
+SLOW = "console-slow"
+NEEDS_SERVER = "This panel needs a running server"
 
 
-def _run(monkeypatch, url: str, token: str) -> AppTest:
-    monkeypatch.setenv("TAILGUARD_URL", url)
-    monkeypatch.setenv("TAILGUARD_ADMIN_TOKEN", token)
+@pytest.fixture
+def live(monkeypatch, server):
+    monkeypatch.delenv("TAILGUARD_CONSOLE_DB", raising=False)
+    monkeypatch.delenv("TAILGUARD_ADMIN_TOKEN_FILE", raising=False)
+    monkeypatch.delenv("TAILGUARD_CONSOLE_REFRESH_S", raising=False)
+    monkeypatch.setenv("TAILGUARD_URL", server.url)
+    monkeypatch.setenv("TAILGUARD_ADMIN_TOKEN", ADMIN_TOKEN)
+    return AdminClient(server.url, ADMIN_TOKEN)
+
+
+@pytest.fixture(scope="module")
+def seeded(server, client, model_name):
+    """Three short completions and a longer one, with known request ids, flushed."""
+    for request_id in SEEDS:
+        client.completions.create(model=model_name, prompt="console data", max_tokens=4,
+                                  extra_headers={"X-Request-Id": request_id})
+    client.completions.create(model=model_name, prompt="console slow request", max_tokens=64,
+                              extra_body={"ignore_eos": True},
+                              extra_headers={"X-Request-Id": SLOW})
+    server.admin("/admin/flush")
+    return server
+
+
+def open_app(page: str | None = None) -> AppTest:
     app = AppTest.from_file(APP, default_timeout=60)
     app.run()
+    assert not app.exception, app.exception
+    if page not in (None, OVERVIEW):
+        app.switch_page(page).run()
+        assert not app.exception, app.exception
+    return app
+
+
+def rerun(target) -> AppTest:
+    """Run again after an interaction (`target`: the AppTest or the widget touched)."""
+    app = target.run()
     assert not app.exception, app.exception
     return app
 
 
-def test_the_live_page_shows_latency_by_bucket_and_the_trace_log(monkeypatch, server, client,
-                                                                  model_name):
-    for _ in range(3):
-        client.completions.create(model=model_name, prompt="console data", max_tokens=4)
-    server.admin("/admin/flush")
-    app = _run(monkeypatch, server.url, ADMIN_TOKEN)
-    assert [s.value for s in app.subheader] == [
-        "TTFT by context bucket", "Outcomes", "Latest requests (trace log)"]
-    by_bucket, outcomes, recent = (d.value for d in app.dataframe)
+def texts(elements) -> list[str]:
+    return [e.value for e in elements]
+
+
+def charts(app: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in app.get("vega_lite_chart")]
+
+
+def metrics(app: AppTest) -> list[tuple[str, str]]:
+    return [(m.label, m.value) for m in app.metric]
+
+
+def run_query(app: AppTest) -> AppTest:
+    return rerun(next(b for b in app.button if b.label == "Run query").click())
+
+
+def submit(app: AppTest, form: str) -> AppTest:
+    (button,) = [b for b in app.button if b.proto.form_id == form]
+    return rerun(button.click())
+
+
+def get(url: str, path: str) -> dict:
+    request = urllib.request.Request(url + path,
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def policy(url: str, name: str) -> dict:
+    return next(p for p in get(url, "/admin/policies")["policies"] if p["policy"] == name)
+
+
+# --- live pages ------------------------------------------------------------------------
+
+def test_overview_shows_every_slo_goodput_burn_rates_and_the_policy_banner(live, seeded):
+    app = open_app()
+    status = live.slo()
+    overall = [s for s in status["slos"] if not s["group"]]
+    assert [s["name"] for s in overall] == ["ttft", "first_token_health", "tpot", "e2e",
+                                            "availability", "error_rate", "ttft_breach"]
+    # ttft_breach (a 1 us target) fails every request: red, and every burn alert fires.
+    assert texts(app.header) == [":red[●] Overview"]
+    # One card per SLO, six columns: the seventh wraps under the first (column-major).
+    cards = [m for m in texts(app.markdown) if "objective" in m]
+    attainment = [v for label, v in metrics(app) if label == "attainment"]
+    shown = {card.split("**")[1]: (card, value) for card, value in zip(cards, attainment)}
+    assert len(cards) == len(shown) == len(overall)
+    assert {name: value for name, (_, value) in shown.items()} == {
+        s["name"]: f"{s['attainment']:.3%}" for s in overall}
+    card, value = shown["ttft_breach"]
+    assert card == ":red[●] **ttft_breach**  ·  objective 99.00%" and value == "0.000%"
+    assert ("page 1h/5m > 14.4x, page 6h/30m > 6x, ticket 1d/2h > 3x, ticket 3d/6h > 1x"
+            in texts(app.caption))
+    # No request meets ttft_breach, so none counts as goodput.
+    assert [m for m in metrics(app) if m[0].startswith("goodput")] == [
+        ("goodput 5m", "0.000 req/s"), ("goodput 1h", "0.000 req/s"),
+        ("goodput 1d", "0.000 req/s")]
+    assert texts(app.subheader) == ["Burn rates per window", "Requests and goodput"]
+    heatmap, flow = charts(app)
+    assert [layer["mark"]["type"] for layer in heatmap["layer"]] == ["rect", "text"]
+    assert heatmap["layer"][0]["encoding"]["color"]["field"] == "burn_rate"
+    assert flow["encoding"]["y"]["field"] == "per_s"
+    (groups,) = app.dataframe
+    assert "0-1k" in set(groups.value["context_bucket"])
+    # The banner says what GET /admin/policies says.
+    data = live.policies()
+    acting = [p["policy"] for p in data["policies"]
+              if p["effective"] != "inactive" and p["policy"] != P.BATCH_CONTROL]
+    limit = data["decisions"]["concurrency_limit"]
+    if acting:
+        (banner,) = texts(app.warning)
+        assert banner.startswith("Active policies: ") and all(p in banner for p in acting)
+    else:
+        assert texts(app.success) == [
+            f"No degradation policy is acting; concurrency limit {limit}."]
+        assert not app.warning
+
+
+def test_latency_metric_radio_switches_the_chart(live, seeded):
+    app = open_app(LATENCY)
+    assert texts(app.header) == ["Latency"]
+    (radio,) = app.radio
+    assert radio.options == ["TTFT", "TPOT", "end to end"] and radio.value == "TTFT"
+    for label in ("TTFT", "TPOT", "end to end"):
+        app = rerun(app.radio(key="latency_metric").set_value(label))
+        assert texts(app.subheader) == [
+            f"{label} P50 / P95 / P99 by context bucket",
+            "Context length: now against the last hour and day", "Outcomes"]
+        over_time, shares = charts(app)
+        assert over_time["encoding"]["y"]["title"] == f"{label} (s)"
+        assert shares["encoding"]["x"]["title"] == "prompt tokens (from)"
+    by_bucket, outcomes = (d.value for d in app.dataframe)
     assert "0-1k" in set(by_bucket["context_bucket"])
     assert {"ttft_p99", "tpot_p99", "e2e_p99", "slo_attainment"} <= set(by_bucket.columns)
-    assert outcomes["requests"].sum() >= 3
-    assert len(recent) >= 3 and "request_id" in recent.columns
+    ok = outcomes[outcomes["status"] == "ok"]["requests"]
+    assert len(ok) == 1 and ok.iloc[0] >= len(SEEDS) + 1
 
 
-def test_a_bad_token_is_explained_not_a_crash(monkeypatch, server):
-    app = _run(monkeypatch, server.url, "wrong-token")
-    assert any("refused the admin token" in e.value for e in app.error)
+def test_traces_slowest_requests_and_a_request_waterfall(live, seeded):
+    app = open_app(TRACES)
+    assert texts(app.subheader) == ["Request waterfall", "Slowest requests of the window",
+                                    "SQL (read-only)"]
+    slowest = app.dataframe[-1].value
+    expected = live.query(queries.slowest_requests(15))["request_id"].tolist()
+    assert slowest["request_id"].tolist() == expected
+    assert SLOW in expected
+    # With no id entered, the slowest request's waterfall is shown.
+    assert "Showing the slowest request" in texts(app.caption)[0]
+    assert app.dataframe[0].value.columns.tolist() == [expected[0]]
+
+    app = rerun(app.text_input(key="request_id").input(SEEDS[1]))
+    (waterfall,) = charts(app)
+    assert waterfall["encoding"]["y"]["field"] == "phase"
+    assert waterfall["encoding"]["x2"]["field"] == "end_s"
+    assert not app.info and not app.error
+    row = app.dataframe[0].value
+    assert row.columns.tolist() == [SEEDS[1]]
+    assert row.loc["request_id", SEEDS[1]] == SEEDS[1]
+    assert row.loc["status", SEEDS[1]] == "ok"
+    assert row.loc["context_bucket", SEEDS[1]] == "0-1k"
+    spans = live.query(queries.waterfall(SEEDS[1]))
+    assert spans["phase"].iloc[0] == "llm.request" and "llm.decode" in set(spans["phase"])
+
+    app = rerun(app.text_input(key="request_id").input("x' OR '1'='1"))
+    assert any("a request id is" in e for e in texts(app.error))
+    assert not charts(app)
 
 
-def test_a_missing_server_is_explained_not_a_crash(monkeypatch):
-    app = _run(monkeypatch, f"http://127.0.0.1:{free_port()}", ADMIN_TOKEN)
-    assert any("not reachable" in e.value for e in app.error)
+def test_traces_sql_box_runs_examples_edits_and_refuses_writes(live, seeded, server):
+    app = open_app(TRACES)
+    example = "P99 TTFT by context bucket (1 h)"
+    app = rerun(app.selectbox(key="example").select(example))
+    assert app.text_area(key="sql").value == queries.EXAMPLES[example]
+    app = run_query(app)
+    (result,) = [d.value for d in app.dataframe if "ttft_p99" in d.value.columns]
+    assert result.columns.tolist() == ["context_bucket", "requests", "ttft_p99"]
+    assert result.set_index("context_bucket").loc["0-1k", "requests"] >= len(SEEDS) + 1
+
+    sql = "SELECT request_id FROM requests WHERE request_id LIKE 'console-seed-%' ORDER BY 1"
+    app.text_area(key="sql").input(sql)
+    app = run_query(app)
+    result = app.dataframe[-1].value
+    assert result["request_id"].tolist() == list(SEEDS)
+    assert "3 rows" in texts(app.caption)
+    (download,) = app.get("download_button")
+    assert download.proto.label == "Download CSV"
+
+    count = "SELECT count(*) AS n FROM requests"
+    before = server.sql(count)[0]["n"]
+    for bad in ("DELETE FROM requests", "SELEC request_id FROM requests",
+                "SELECT 1; DROP TABLE requests"):
+        app.text_area(key="sql").input(bad)
+        app = run_query(app)
+        (error,) = texts(app.error)
+        assert error.startswith("Query refused: "), error
+        assert not app.get("download_button")  # the last good result is gone
+    assert server.sql(count)[0]["n"] == before  # nothing was deleted
+    assert live.query("SELECT 42 AS answer")["answer"].tolist() == [42]
 
 
-def test_changing_the_window_reruns_the_page(monkeypatch, server):
-    app = _run(monkeypatch, server.url, ADMIN_TOKEN)
-    app.sidebar.selectbox[0].select("1 hour").run()
-    assert not app.exception and len(app.dataframe) >= 2
+def test_forecasts_show_the_live_models(live, seeded):
+    app = open_app(FORECASTS)
+    models = live.models()
+    assert texts(app.subheader) == ["KV-cache usage: forecast against actual", "Live models",
+                                    "Predicted against actual latency"]
+    shown = dict(metrics(app))
+    assert shown["memory forecaster"] == models["memory"]["model"]
+    assert shown["latency predictor"] == models["latency"]["version"]
+    horizon = f"KV forecast in {models['memory']['horizon_s'] / 60:g} min"
+    assert horizon in shown
+    assert not app.error
 
+
+def test_policies_page_lists_all_eight_policies(live):
+    app = open_app(POLICIES)
+    assert texts(app.header) == ["Policies"]
+    table = app.dataframe[0].value
+    assert set(table["policy"]) == ALL_POLICIES and len(table) == 8
+    assert table["policy"].tolist() == [p["policy"] for p in live.policies()["policies"]]
+    assert texts(app.subheader) == ["Overrides", "Audit log"]
+    assert {f.proto.form_id for f in app.button} == {f"override-{p}" for p in ALL_POLICIES}
+    assert texts(app.caption)[0].startswith("Signals: P99 ")
+
+
+def test_an_override_from_the_policies_page_reaches_the_server(live, server):
+    name = P.TOKEN_CAP
+    assert policy(server.url, name)["override"] is None
+    app = open_app(POLICIES)
+    try:
+        # No reason: refused by the page, nothing sent.
+        app.radio(key=f"mode-{name}").set_value("force_on")
+        app = submit(app, f"override-{name}")
+        assert texts(app.error) == [f"{name}: an override needs a reason."]
+        assert policy(server.url, name)["override"] is None
+
+        app.radio(key=f"mode-{name}").set_value("force_on")
+        app.text_input(key=f"reason-{name}").input("console test: force on")
+        app = submit(app, f"override-{name}")
+        assert texts(app.success) == [f"{name}: force on (effective now: active)."]
+        state = policy(server.url, name)
+        assert state["effective"] == "active"
+        assert state["override"]["mode"] == "force_on"
+        assert state["override"]["reason"] == "console test: force on"
+        assert state["override"]["actor"] == "console"
+        # The page shows it: table row, the cleared reason box, the audit log.
+        row = app.dataframe[0].value.set_index("policy").loc[name]
+        assert row["mode"] == "force on" and row["reason"] == "console test: force on"
+        assert row["effective"] == "🔴 active"
+        assert app.text_input(key=f"reason-{name}").value == ""
+        assert app.radio(key=f"mode-{name}").value == "force_on"
+        audit = app.dataframe[1].value
+        assert audit.iloc[0]["policy"] == name and audit.iloc[0]["mode"] == "force_on"
+        # ...and so does the Overview banner.
+        app.switch_page(OVERVIEW)
+        app = rerun(app)
+        (banner,) = texts(app.warning)
+        assert f"**{name}** (active, forced)" in banner
+        assert f"Operator overrides in force: {name}" in texts(app.caption)
+
+        app.switch_page(POLICIES)
+        app = rerun(app)
+        app.radio(key=f"mode-{name}").set_value("auto")
+        app.text_input(key=f"reason-{name}").input("console test: done")
+        app = submit(app, f"override-{name}")
+        assert texts(app.success) == [f"{name}: auto (effective now: inactive)."]
+        assert policy(server.url, name)["override"] is None
+        assert policy(server.url, name)["effective"] == "inactive"
+    finally:
+        live.set_policy(name, "auto", "console test cleanup")
+
+
+def test_the_sidebar_settings_persist_across_pages(live, seeded, monkeypatch):
+    monkeypatch.setenv("TAILGUARD_CONSOLE_REFRESH_S", "0")
+    app = open_app()
+    (window,) = app.sidebar.selectbox
+    assert window.options == list(queries.WINDOWS) and window.value == "15 min"
+    (refresh,) = app.sidebar.number_input
+    assert refresh.label == "Auto-refresh (s, 0 = off)" and refresh.value == 0
+    assert texts(app.sidebar.caption) == [f"Data: {live.url}"]
+    app = rerun(app.sidebar.selectbox(key="window").select("1 hour"))
+    app = rerun(app.sidebar.number_input(key="refresh_s").set_value(30))
+    app.switch_page(LATENCY)
+    app = rerun(app)
+    assert app.sidebar.selectbox(key="window").value == "1 hour"
+    assert app.sidebar.number_input(key="refresh_s").value == 30
+    assert "0-1k" in set(app.dataframe[0].value["context_bucket"])
+    app = rerun(app.sidebar.selectbox(key="window").select("5 min"))
+    assert texts(app.header) == ["Latency"]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_refused_token_is_explained_on_every_page(live, monkeypatch, page):
+    monkeypatch.setenv("TAILGUARD_ADMIN_TOKEN", "wrong-token")
+    app = open_app(page)
+    assert app.error and all("refused the admin token" in e for e in texts(app.error))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_a_missing_server_is_explained_on_every_page(monkeypatch, page):
+    monkeypatch.delenv("TAILGUARD_CONSOLE_DB", raising=False)
+    monkeypatch.setenv("TAILGUARD_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("TAILGUARD_ADMIN_TOKEN", ADMIN_TOKEN)
+    app = open_app(page)
+    assert app.error and all("is not reachable" in e for e in texts(app.error))
+
+
+# --- a trace file, no server -----------------------------------------------------------
+
+@pytest.fixture
+def trace_file(tmp_path, monkeypatch) -> str:
+    """Four requests (one over the 2 s end-to-end target, 400 s ago), spans for one,
+    engine seconds, a policy transition and an override, written by the trace log."""
+    path = str(tmp_path / "trace.duckdb")
+    now = time.time()
+    with TraceLog(path) as log:
+        for age, e2e in ((600, 0.5), (400, 3.0), (200, 0.4), (100, 0.3)):
+            log.add("requests", {
+                "request_id": f"file-{age}", "arrival_ts": now - age, "model": "tiny",
+                "status": "ok", "http_status": 200, "priority": "realtime",
+                "context_bucket": "0-1k", "prompt_tokens": 10, "output_tokens": 8,
+                "queue_s": 0.01, "prefill_s": 0.03, "decode_s": e2e - 0.05, "ttft_s": 0.05,
+                "tpot_s": 0.01, "e2e_s": e2e, "slo_ok": e2e < 2})
+        start = now - 100
+        for name, begin, end in (("llm.request", 0, 0.3), ("llm.queue", 0, 0.01),
+                                 ("llm.prefill", 0.01, 0.04), ("llm.decode", 0.04, 0.3)):
+            log.add("spans", {"request_id": "file-100", "span_id": name, "name": name,
+                              "start_ts": start + begin, "end_ts": start + end,
+                              "duration_s": end - begin})
+        for age in (30, 20, 10):
+            log.add("engine_stats", {"ts": now - age, "running": 1, "waiting": 0,
+                                     "kv_cache_usage": 0.25, "preemptions": 0})
+        log.add("policy_events", {"ts": now - 50, "policy": P.TOKEN_CAP,
+                                  "from_state": "inactive", "to_state": "active",
+                                  "reason": "queue depth 7 > 5"})
+        log.add("overrides", {"policy": P.VIP_ONLY, "mode": "force_off",
+                              "reason": "file test", "actor": "tester",
+                              "created_ts": now - 40})
+    monkeypatch.setenv("TAILGUARD_CONSOLE_DB", path)
+    monkeypatch.delenv("TAILGUARD_CONSOLE_SLO", raising=False)
+    monkeypatch.setenv("TAILGUARD_URL", f"http://127.0.0.1:{free_port()}")  # never used
+    return path
+
+
+def test_a_trace_file_gives_slo_cards_without_a_server(trace_file):
+    app = open_app()
+    assert texts(app.header) == [":red[●] Overview"]  # e2e: 1 of 4 over 2 s
+    assert texts(app.sidebar.caption) == [f"Data: {trace_file} (read-only)"]
+    assert any(c.startswith(NEEDS_SERVER) for c in texts(app.caption))
+    cards = [m for m in texts(app.markdown) if "objective" in m]
+    assert [c.split("**")[1] for c in cards] == [
+        "ttft", "first_token_health", "tpot", "e2e", "availability", "error_rate"]
+    assert cards[3].startswith(":red[●] **e2e**")
+    assert all(c.startswith(":green[●]") for i, c in enumerate(cards) if i != 3)
+    attainment = [(m.value, m.delta, m.proto.color) for m in app.metric
+                  if m.label == "attainment"]
+    ok = ("100.000%", "100.0% budget left", MetricProto.MetricColor.GREEN)
+    assert attainment == [ok] * 3 + [
+        ("75.000%", "-2400.0% budget left", MetricProto.MetricColor.RED)] + [ok] * 2
+    # The bad request is 400 s old: out of the 5 min window, inside 30 min.
+    assert "page 6h/30m > 6x, ticket 1d/2h > 3x, ticket 3d/6h > 1x" in texts(app.caption)
+    # Goodput: 2 good in the last 5 min / 300 s; 3 good over the 600 s the file spans.
+    assert [m for m in metrics(app) if m[0].startswith("goodput")] == [
+        ("goodput 5m", "0.007 req/s"), ("goodput 1h", "0.005 req/s"),
+        ("goodput 1d", "0.005 req/s")]
+    assert len(charts(app)) == 2
+
+
+def test_a_trace_file_policies_page_shows_what_was_recorded(trace_file):
+    app = open_app(POLICIES)
+    (info,) = texts(app.info)
+    assert info.startswith(NEEDS_SERVER)
+    events, overrides = (d.value for d in app.dataframe)
+    assert events[["policy", "from_state", "to_state", "reason"]].values.tolist() == [
+        [P.TOKEN_CAP, "inactive", "active", "queue depth 7 > 5"]]
+    assert overrides[["policy", "mode", "reason", "actor"]].values.tolist() == [
+        [P.VIP_ONLY, "force_off", "file test", "tester"]]
+    assert not app.button and not app.error
+
+
+def test_a_trace_file_traces_forecasts_and_latency(trace_file):
+    app = open_app(TRACES)
+    slowest = app.dataframe[-1].value
+    assert slowest["request_id"].tolist() == ["file-400", "file-600", "file-200", "file-100"]
+    app = rerun(app.text_input(key="request_id").input("file-100"))
+    (waterfall,) = charts(app)
+    assert waterfall["encoding"]["y"]["field"] == "phase"
+    example = "Policy transitions (newest first)"
+    app = rerun(app.selectbox(key="example").select(example))
+    app = run_query(app)
+    result = app.dataframe[-1].value
+    assert result[["policy", "to_state"]].values.tolist() == [[P.TOKEN_CAP, "active"]]
+    app.text_area(key="sql").input("DROP TABLE requests")
+    app = run_query(app)
+    assert texts(app.error)[0].startswith("Query refused: ")
+
+    app.switch_page(FORECASTS)
+    app = rerun(app)
+    assert any(i.startswith(NEEDS_SERVER) for i in texts(app.info))
+    assert not app.metric and len(charts(app)) == 1  # the KV-cache forecast panel
+
+    app.switch_page(LATENCY)
+    app = rerun(app)
+    by_bucket, outcomes = (d.value for d in app.dataframe)
+    assert by_bucket["requests"].tolist() == [4]  # the 15 min window holds all four
+    assert outcomes.values.tolist() == [["ok", "", 4]]

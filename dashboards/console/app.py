@@ -12,11 +12,11 @@ import streamlit as st
 from dashboards.console import common
 from dashboards.console.client import ConsoleError, connect
 
-PAGES = (("pages/overview.py", "Overview", ":material/monitor_heart:"),
-         ("pages/latency.py", "Latency", ":material/timer:"),
-         ("pages/traces.py", "Traces", ":material/manage_search:"),
-         ("pages/forecasts.py", "Forecasts", ":material/trending_up:"),
-         ("pages/policies.py", "Policies", ":material/tune:"))
+PAGES = (("views/overview.py", "Overview", ":material/monitor_heart:"),
+         ("views/latency.py", "Latency", ":material/timer:"),
+         ("views/traces.py", "Traces", ":material/manage_search:"),
+         ("views/forecasts.py", "Forecasts", ":material/trending_up:"),
+         ("views/policies.py", "Policies", ":material/tune:"))
 
 
 def main() -> None:

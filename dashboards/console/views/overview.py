@@ -42,8 +42,7 @@ def slo_cards(slos: list[dict]) -> None:
             attainment = slo["attainment"]
             budget = slo["budget_remaining"]
             st.metric("attainment", "-" if attainment is None else f"{attainment:.3%}",
-                      delta=None if budget is None else f"budget left {budget:.1%}",
-                      delta_color="normal" if (budget or 0) > 0 else "inverse")
+                      delta=None if budget is None else f"{budget:.1%} budget left")
             alerts = firing(slo)
             st.caption(", ".join(alerts) if alerts else "no burn-rate alert firing")
 
