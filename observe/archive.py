@@ -197,10 +197,12 @@ class Rotator:
     def __init__(self, config: ArchiveConfig, clock=time.time) -> None:
         self.config, self.clock, self.stats = config, clock, ArchiveStats()
 
-    def rotate(self, tracelog: TraceLog) -> dict[str, int]:
-        """One rotation under the writer: flush, move, return rows moved per table.
-        Raises what failed; nothing is lost, and the next rotation retries."""
-        before = datetime.fromtimestamp(self.clock() - self.config.retention_s, timezone.utc)
+    def rotate(self, tracelog: TraceLog, retention_s: float | None = None) -> dict[str, int]:
+        """One rotation under the writer: flush, move rows older than the retention
+        (the config's unless given), return rows moved per table. Raises what failed;
+        nothing is lost, and the next rotation retries."""
+        keep = self.config.retention_s if retention_s is None else retention_s
+        before = datetime.fromtimestamp(self.clock() - keep, timezone.utc)
         started = time.perf_counter()
         counts = tracelog.with_writer(lambda conn: archive_rows(
             conn, self.config.archive_dir, self.config.instance, before))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: Prometheus + promtool (rules, end-to-end scrape).
+# Debian packages the tests use: Prometheus + promtool (rules, end-to-end scrape);
+# Chromium (+ a colour emoji font for its screenshots) for the console's browser test.
 # Idempotent: installs only what is missing. Needs root (as on CI and dev machines).
 set -euo pipefail
-PACKAGES=(prometheus)
+PACKAGES=(prometheus chromium fonts-noto-color-emoji)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

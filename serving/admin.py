@@ -100,6 +100,24 @@ def create_admin_router(runtime) -> APIRouter:
                             ).response()
         return JSONResponse(await asyncio.to_thread(jobs[name]))
 
+    @router.post("/archive")
+    async def archive(request: Request):
+        """Rotate into the Parquet archive now (`{"older_than_s": N}`, default: the
+        retention), e.g. before maintenance; 409 without --archive-dir."""
+        if runtime.rotator is None:
+            return ApiError(409, "archive_off", "the server runs without --archive-dir"
+                            ).response()
+        try:
+            body = await request.json() if await request.body() else {}
+            older = body.get("older_than_s") if isinstance(body, dict) else None
+            if older is not None and (isinstance(older, bool) or not isinstance(
+                    older, (int, float)) or older < 0):
+                raise ValueError("older_than_s must be a number of seconds >= 0")
+        except ValueError as exc:
+            return ApiError(400, "invalid_request", str(exc)).response()
+        moved = await asyncio.to_thread(runtime.rotator.rotate, runtime.tracelog, older)
+        return JSONResponse({"archived": moved, "instance": runtime.rotator.config.instance})
+
     @router.post("/flush")
     async def flush():
         """Write buffered trace rows now (tests and scripts that read right after)."""

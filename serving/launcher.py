@@ -104,4 +104,5 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path,
 def console_command(port: int, host: str = "127.0.0.1") -> list[str]:
     return [sys.executable, "-m", "streamlit", "run", str(CONSOLE_APP),
             "--server.port", str(port), "--server.address", host,
-            "--server.headless", "true", "--browser.gatherUsageStats", "false"]
+            "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--client.toolbarMode", "minimal"]

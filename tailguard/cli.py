@@ -13,6 +13,7 @@ from tailguard import commands
 from tailguard.cmd_bench import bench
 from tailguard.cmd_dashboards import dashboards
 from tailguard.cmd_predict import forecast, predict
+from tailguard.cmd_replay import replay
 from tailguard.cmd_rules import rules
 from tailguard.cmd_slo import slo
 from tailguard.cmd_up import console, up
@@ -53,3 +54,4 @@ main.add_command(up)
 main.add_command(console)
 main.add_command(predict)
 main.add_command(forecast)
+main.add_command(replay)

@@ -10,6 +10,8 @@ from dashboards.console import charts, common, queries
 from dashboards.console.health import COLORS, firing, health, worst
 from slo.report import SHOWN_WINDOWS
 
+CARDS_PER_ROW = 4  # wider cards cut the numbers off at laptop widths
+
 
 def policy_banner(src) -> None:
     if not src.live:
@@ -33,10 +35,11 @@ def policy_banner(src) -> None:
 
 def slo_cards(slos: list[dict]) -> None:
     overall = [s for s in slos if not s["group"]]
-    columns = st.columns(max(1, min(len(overall), 6)))
     for i, slo in enumerate(overall):
+        if i % CARDS_PER_ROW == 0:
+            columns = st.columns(CARDS_PER_ROW)
         state = health(slo)
-        with columns[i % len(columns)].container(border=True):
+        with columns[i % CARDS_PER_ROW].container(border=True):
             st.markdown(f":{COLORS[state]}[●] **{slo['name']}**  ·  objective "
                         f"{slo['objective']:.2%}")
             attainment = slo["attainment"]
