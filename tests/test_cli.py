@@ -65,6 +65,9 @@ def test_query_as_a_table(trace_file):
     (["console", "--slo", str(SESSION_SLO)], "--slo goes with --db"),
     (["console", "--db", "/nonexistent/t.duckdb"], "/nonexistent"),
     (["console", "--refresh", "999"], "999"),
+    (["serve", "--otlp-protocol", "grpc"], "--otlp-protocol needs --otlp-endpoint"),
+    (["serve", "--archive-after", "30d"], "go with --archive-dir"),
+    (["serve", "--otlp-endpoint", "ftp://x"], "ftp://x"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, needle):
     out = tailguard(*args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import altair as alt
 
 HEIGHT = 280
+FLOW_COLORS = {"requests_per_s": "#7f7f7f", "goodput_per_s": "#2ca02c",
+               "failed_per_s": "#d62728"}
 PHASE_COLORS = {"llm.request": "#9e9e9e", "llm.queue": "#f2a93b", "llm.prefill": "#4c78a8",
                 "llm.decode": "#54a24b", "llm.sampling": "#b279a2"}
 
@@ -35,7 +37,8 @@ def throughput(frame) -> alt.Chart:
     long = frame.melt(id_vars=["t"], var_name="series", value_name="per_s")
     return (alt.Chart(long).mark_line(point=True)
             .encode(x=alt.X("t:T", title="time"), y=alt.Y("per_s:Q", title="requests/s"),
-                    color=alt.Color("series:N", title=""),
+                    color=alt.Color("series:N", title="", scale=alt.Scale(
+                        domain=list(FLOW_COLORS), range=list(FLOW_COLORS.values()))),
                     tooltip=["t:T", "series:N", alt.Tooltip("per_s:Q", format=".3f")])
             .properties(height=220))
 
