@@ -14,10 +14,10 @@ from observe.stats import EngineSnapshot, RequestRecord
 from serving.faults import FaultInjector
 from serving.limiter import Limiter
 from serving.overrides import OverrideStore
-from slo.policy_engine import PolicyEngine
 from slo import policies as P
 from slo.decisions import Decisions
 from slo.policy import ACTIVE
+from slo.policy_engine import PolicyEngine
 
 log = logging.getLogger("tailguard.policy")
 TICK_S = 1.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from serving.load import LoadTracker, resident_bytes
 from serving.observer import Observer
 from serving.periodic import Periodic
 from serving.prediction import PredictionService
-from serving.profiling import start_profiling, stop_profiling
+from serving.profiling import ENV_PROFILE_SERVER, start_profiling, stop_profiling
 from serving.steps import StepLedger
 from serving.warmup import warm_up
 
@@ -110,6 +111,8 @@ class Runtime:
         rec.priority, rec.vip = client.tier, client.vip
 
     async def start(self) -> None:
+        if self.config.profiling:  # the engine core starts its own agent (step_plugin)
+            os.environ[ENV_PROFILE_SERVER] = self.config.profiling.server_url
         self.ledger.start()
         self._args = vllm_namespace(self.config.model, self.config.served_model_name,
                                     self.config.vllm_args)

@@ -13,12 +13,16 @@ synchronously; on CUDA they measure launch plus any synchronisation vLLM perform
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
 import os
 import socket
 import time
+from contextlib import nullcontext
 
 ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"
+ENV_PROFILE_SERVER = "TAILGUARD_PROFILE_SERVER"  # serving.profiling's; not imported here
 _PATCHED_FLAG = "_tailguard_step_probe"
 
 
@@ -57,21 +61,25 @@ class StepSender:
             self.dropped += 1
 
 
-def _wrap(runner_cls, sender: StepSender) -> None:
+def _wrap(runner_cls, sender: StepSender | None) -> None:
     execute_model, sample_tokens = runner_cls.execute_model, runner_cls.sample_tokens
 
     def timed_execute_model(self, scheduler_output, *args, **kwargs):
         start = time.monotonic()
-        out = execute_model(self, scheduler_output, *args, **kwargs)
-        sender.forward_done(start, time.monotonic(), scheduler_output)
-        if out is not None:  # no sampling phase this step
-            sender.send(0.0)
+        with _step_profile(self, scheduler_output):
+            out = execute_model(self, scheduler_output, *args, **kwargs)
+        if sender is not None:
+            sender.forward_done(start, time.monotonic(), scheduler_output)
+            if out is not None:  # no sampling phase this step
+                sender.send(0.0)
         return out
 
     def timed_sample_tokens(self, *args, **kwargs):
         start = time.monotonic()
-        out = sample_tokens(self, *args, **kwargs)
-        sender.sampling_done(start, time.monotonic())
+        with _sample_profile():
+            out = sample_tokens(self, *args, **kwargs)
+        if sender is not None:
+            sender.sampling_done(start, time.monotonic())
         return out
 
     runner_cls.execute_model = timed_execute_model
@@ -79,13 +87,64 @@ def _wrap(runner_cls, sender: StepSender) -> None:
     setattr(runner_cls, _PATCHED_FLAG, True)
 
 
+# Profiling in the engine core (`serve --profile-server`): the forward runs here, not in
+# the server, so this process needs its own agent. It starts at the first step (after
+# the fork: the agent must not be forked) and tags each step's samples with its phase
+# and longest context.
+_NO_PROFILE = nullcontext()
+_profiling: bool | None = None
+_last_tags: tuple[str, str] | None = None  # the forward's tags, reused for its sampler
+
+
+def _step_profile(runner, scheduler_output):
+    global _profiling, _last_tags
+    if _profiling is None:
+        _profiling = _start_engine_profiling(runner)
+    if not _profiling:
+        return _NO_PROFILE
+    from serving.profiling import phase_tags, step_tags
+
+    _last_tags = step_tags(scheduler_output)
+    return phase_tags(*_last_tags)
+
+
+def _sample_profile():
+    if not _profiling or _last_tags is None:
+        return _NO_PROFILE
+    from serving.profiling import phase_tags
+
+    return phase_tags(*_last_tags)
+
+
+def _start_engine_profiling(runner) -> bool:
+    from serving.profiling import (
+        PROCESS_ENGINE,
+        profiling_config_from,
+        start_profiling,
+        stop_profiling,
+    )
+
+    config = profiling_config_from()
+    if config is None:
+        return False
+    try:
+        name = getattr(runner.model_config, "served_model_name", None) or "model"
+        start_profiling(config, str(name if isinstance(name, str) else name[0]),
+                        process=PROCESS_ENGINE)
+    except Exception:  # profiling must never break serving
+        logging.getLogger("tailguard.profiling").exception("engine-core profiling off")
+        return False
+    atexit.register(stop_profiling)  # send the last profile
+    return True
+
+
 def register() -> None:
     """vLLM `general_plugins` entry point; may run several times per process."""
     path = os.environ.get(ENV_STEP_SOCKET)
-    if not path:
+    if not path and not os.environ.get(ENV_PROFILE_SERVER):
         return
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     if getattr(GPUModelRunner, _PATCHED_FLAG, False):
         return
-    _wrap(GPUModelRunner, StepSender(path))
+    _wrap(GPUModelRunner, StepSender(path) if path else None)

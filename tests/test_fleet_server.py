@@ -1,6 +1,7 @@
 """Beyond one machine, on a real server: its spans and metrics reach an OTLP collector
-(a local receiver that decodes them) beside the DuckDB log, and its trace log
-rotates into the Parquet archive that `tailguard query --archive` reads."""
+(a local receiver that decodes them) beside the DuckDB log, its trace log rotates into
+the Parquet archive that `tailguard query --archive` reads, and its server and engine
+processes push CPU profiles to a Pyroscope receiver."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import pytest
 
 from observe import registry as R
 from tests.conftest import ADMIN_TOKEN, start_server, stop_server
+from serving.profiling import PHASES, PROCESS_ENGINE, PROCESS_SERVER
 from tests.otlp_receiver import HttpReceiver
+from tests.pyroscope_receiver import PyroscopeReceiver
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 INSTANCE = "node-a"
@@ -31,20 +34,27 @@ def collector():
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory, collector):
+def profiles():
+    with PyroscopeReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, collector, profiles):
     tmp = tmp_path_factory.mktemp("fleet")
     with mock.patch.dict(os.environ, FAST_EXPORT):
         srv = start_server(tmp, "--otlp-endpoint", collector.endpoint, "--archive-dir",
                            str(tmp / "archive"), "--instance", INSTANCE,
+                           "--profile-server", profiles.url,
                            "--retrain-interval", "0", "--reselect-interval", "0")
     srv.archive = tmp / "archive"
     yield srv
     stop_server(srv)
 
 
-def complete(srv, text: str) -> str:
+def complete(srv, text: str, max_tokens: int = 4) -> str:
     resp = httpx.post(srv.url + "/v1/completions", timeout=120, json={
-        "model": "tailguard-tiny-llama", "prompt": text, "max_tokens": 4})
+        "model": "tailguard-tiny-llama", "prompt": text, "max_tokens": max_tokens})
     assert resp.status_code == 200, resp.text
     return resp.headers["x-request-id"]
 
@@ -104,6 +114,24 @@ def test_the_trace_log_rotates_into_the_archive_and_reads_back(fleet):
     assert {r["instance"] for r in rows} == {INSTANCE}
     parts = list((fleet.archive / "requests").glob("date=*/instance=node-a/*.parquet"))
     assert parts
+
+
+def test_server_and_engine_push_profiles_tagged_by_phase(fleet, profiles):
+    for i in range(6):
+        complete(fleet, "profile the engine " * (40 * (i + 1)), max_tokens=32)
+
+    def both_processes(rx) -> bool:
+        seen = {p.labels.get("process") for p in rx.pushes}
+        return {PROCESS_SERVER, PROCESS_ENGINE} <= seen and bool(
+            [s for s in rx.samples() if s.labels.get("phase")])
+
+    assert profiles.wait_for(both_processes, timeout_s=60), [p.labels for p in profiles.pushes]
+    push = next(p for p in profiles.pushes if p.labels.get("process") == PROCESS_ENGINE)
+    assert push.labels["service_name"] == "tailguard"
+    assert push.labels["model"] == "tailguard-tiny-llama"
+    tagged = [s for s in profiles.samples() if s.labels.get("phase")]
+    assert {s.labels["phase"] for s in tagged} <= set(PHASES)
+    assert {s.labels["context_bucket"] for s in tagged} <= set(R.CONTEXT_BUCKETS)
 
 
 @pytest.mark.parametrize("body,code", [({"older_than_s": -1}, "invalid_request"),
