@@ -22,16 +22,16 @@ from slo.simulate import SimRequest, Simulator
 
 # Requests the policies could have acted on: everything that reached admission.
 # Client mistakes (400/401/404/413/422) are the same whatever the policy. Logs written
-# before the `vip` column existed replay everyone as non-VIP.
+# before the `vip` column existed replay everyone as non-VIP; the prediction the server
+# made at admission (when recorded) is what its predicted-miss policy judged.
 ARRIVALS_SQL = """SELECT epoch(arrival_ts) AS t, prompt_tokens, output_tokens, max_tokens,
-  priority, {vip} AS vip, slo_ttft_target_s, status, ttft_s,
+  priority, {vip} AS vip, {predicted} AS predicted_ttft_s, slo_ttft_target_s, status, ttft_s,
   coalesce(len(list_filter(policy_actions, lambda a: a LIKE 'shed:%' OR a LIKE 'reject:%')), 0)
     > 0 OR coalesce(error_type, '') = 'admission_timeout' AS shed
 FROM requests
 WHERE status <> 'rejected' OR http_status IN (429, 503)
 ORDER BY arrival_ts"""
-HAS_VIP_SQL = ("SELECT count(*) FROM information_schema.columns "
-               "WHERE table_name = 'requests' AND column_name = 'vip'")
+COLUMNS_SQL = "SELECT column_name FROM information_schema.columns WHERE table_name = 'requests'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,8 @@ class Recorded:
                            output=r["output_tokens"] if not r["shed"] else output(r),
                            max_tokens=r["max_tokens"], priority=r["priority"] or
                            R.PRIORITY_REALTIME, vip=bool(r["vip"]),
-                           target_s=r["slo_ttft_target_s"]) for r in self.requests]
+                           target_s=r["slo_ttft_target_s"],
+                           predicted_ttft_s=r["predicted_ttft_s"]) for r in self.requests]
 
     def actual(self) -> Outcome:
         good = [r["status"] == R.STATUS_OK and r["ttft_s"] is not None
@@ -71,9 +72,10 @@ class Recorded:
 
 
 def load_recorded(query: Query) -> Recorded:
-    has_vip = query(HAS_VIP_SQL)[1][0][0]
-    columns, rows = query(ARRIVALS_SQL.format(vip="coalesce(vip, false)" if has_vip
-                                              else "false"))
+    present = {name for (name,) in query(COLUMNS_SQL)[1]}
+    columns, rows = query(ARRIVALS_SQL.format(
+        vip="coalesce(vip, false)" if "vip" in present else "false",
+        predicted="predicted_ttft_s" if "predicted_ttft_s" in present else "NULL"))
     if not rows:
         raise ValueError("the trace log holds no requests to replay")
     start = rows[0][0]
@@ -140,7 +142,7 @@ def scaled_arrivals(recorded: Recorded, load: float, replicas: int,
 
 def _fields(r: SimRequest) -> dict:
     return {k: getattr(r, k) for k in ("arrival", "prompt", "output", "max_tokens",
-                                       "priority", "vip", "target_s")}
+                                       "priority", "vip", "target_s", "predicted_ttft_s")}
 
 
 def scale(model: EngineModel, config: P.PolicyConfig | None, recorded: Recorded,

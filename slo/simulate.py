@@ -4,9 +4,11 @@ decisions, the two-lane concurrency limiter) in front of a continuous-batching e
 request per step, KV capacity), with the real `PolicyEngine` stepped once per simulated
 second on the signals the server would have seen.
 
-What it leaves out (docs/scaling.md): predicted-miss shedding uses a work-ahead
-estimate instead of the trained predictor, the deadline demotion of the realtime lane
-is not modelled, and preemption is replaced by holding prefill back when KV is full.
+What it leaves out (docs/scaling.md): predicted-miss shedding uses the prediction
+the server recorded at admission (a work-ahead estimate when there is none), not a
+prediction under the simulated load, the deadline demotion of the realtime lane
+is not modelled, and KV is reserved for a whole prompt at its first chunk (vLLM
+allocates per chunk); when decodes outgrow it the newest request is preempted.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class SimRequest:
     priority: str = R.PRIORITY_REALTIME
     vip: bool = False
     target_s: float | None = None  # its TTFT target
+    predicted_ttft_s: float | None = None  # the server's prediction at admission, if known
     status: str = OK
     first_token: float | None = None
     end: float | None = None
@@ -91,7 +94,10 @@ class Simulator:
             req.actions.append(f"truncate:{req.prompt}->{d.truncate_tokens}")
             req.prompt = d.truncate_tokens
         if d.predicted_miss_factor is not None and req.target_s is not None:
-            if self._work_ahead_s(req) > req.target_s * d.predicted_miss_factor:
+            predicted = req.predicted_ttft_s
+            if predicted is None:
+                predicted = self._work_ahead_s(req)
+            if predicted > req.target_s * d.predicted_miss_factor:
                 if req.priority == R.PRIORITY_BATCH:
                     self._reject(req, "shed:predicted_miss")
                     return
