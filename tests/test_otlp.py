@@ -29,10 +29,11 @@ from observe.otlp import (
     create_otlp_span_processor,
     otlp_config_from,
 )
-from observe.stats import EngineSnapshot, EngineTimes, RequestRecord, WallClock
+from observe.stats import EngineSnapshot, WallClock
 from observe.tracing import RequestSpans, create_tracer_provider
 from tests.conftest import free_port
 from tests.otlp_receiver import GrpcReceiver, HttpReceiver
+from tests.test_registry import _finished_record
 
 RECEIVERS = {PROTOCOL_HTTP: HttpReceiver, PROTOCOL_GRPC: GrpcReceiver}
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -52,16 +53,6 @@ def collector(request):
     with RECEIVERS[request.param]() as receiver:
         yield receiver, OtlpConfig(receiver.endpoint, request.param,
                                    headers={"Authorization": "Bearer t0ken"}, timeout_s=2)
-
-
-def _finished_record() -> RequestRecord:
-    rec = RequestRecord("r1", arrival=100.0, endpoint="chat", model="m", prompt_tokens=2000,
-                        output_tokens=11)
-    rec.engine = EngineTimes(queued=100.01, scheduled=100.03, first_token=100.13,
-                             last_token=100.63)
-    rec.first_token, rec.end = 100.145, 100.70
-    rec.tally.add(100.05, 0.02, 0.004)
-    return rec
 
 
 # --- spans ------------------------------------------------------------------------------
