@@ -20,6 +20,8 @@ from serving.config import ENV_ADMIN_TOKEN
 from serving.errors import ApiError
 
 TOKEN_FILE_SUFFIX = ".admin-token"
+DEFAULT_QUERY_ROWS = 10_000
+MAX_QUERY_ROWS = 100_000  # a bound on what one answer holds in the server's memory
 
 
 def default_token_file(db: str) -> Path:
@@ -69,7 +71,11 @@ def create_admin_router(runtime) -> APIRouter:
             sql = body.get("sql") if isinstance(body, dict) else None
             if not isinstance(sql, str) or not sql.strip():
                 raise ApiError(400, "invalid_request", "body must be {\"sql\": \"SELECT ...\"}")
-            max_rows = int(body.get("max_rows", 10_000))
+            max_rows = body.get("max_rows", DEFAULT_QUERY_ROWS)
+            if (isinstance(max_rows, bool) or not isinstance(max_rows, int)
+                    or not 1 <= max_rows <= MAX_QUERY_ROWS):
+                raise ApiError(400, "invalid_request",
+                               f"max_rows must be an integer in 1..{MAX_QUERY_ROWS}")
             result = await asyncio.to_thread(runtime.tracelog.query, sql, None, max_rows)
         except ApiError as exc:
             return exc.response()

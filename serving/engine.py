@@ -4,24 +4,47 @@ We build the engine exactly as `vllm serve` would, from vLLM's own argument pars
 so every engine argument passes through (`tailguard serve -- --tensor-parallel-size 2`).
 vLLM's OpenAI serving classes then run on `ObservedEngine`, which only watches
 `generate()`: the wire format stays vLLM's, byte for byte.
+
+`ObservedEngine` also notices the engine failing under its requests. A crashed engine
+core (vLLM raises `EngineDeadError` into every request) and a hung one (requests in
+flight, no engine step for `TAILGUARD_ENGINE_HANG_S` seconds: the watchdog, run by the
+guard's tick, kills it) both leave `errored` true, which breaker L2 restarts on, and
+each request in flight carries an `engine_dead`/`engine_hung` 503 for the HTTP layer.
 """
 
 from __future__ import annotations
 
 import contextvars
+import logging
 import os
 import time
 from argparse import Namespace
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import psutil
+
 from observe.stats import EngineTimes, RequestRecord, WallClock
+from serving.errors import ApiError
 from serving.steps import StepLedger
+
+log = logging.getLogger("tailguard")
 
 # Defaults that make a CPU box start in seconds; every one can be overridden by
 # passing the vLLM flag explicitly.
 CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni")
+
+# The engine watchdog: requests in flight and no engine step (nor output) for this
+# long means the engine core is hung. 0 turns the watchdog off.
+ENV_ENGINE_HANG_S = "TAILGUARD_ENGINE_HANG_S"
+DEFAULT_ENGINE_HANG_S = 30.0
+ENGINE_DEAD = "engine_dead"
+ENGINE_HUNG = "engine_hung"
+ENGINE_SHUTDOWN = "engine_shutdown"  # shut down (a restart, a server stop) under requests
+REAP_WAIT_S = 5.0  # how long a shut-down engine's processes get before SIGKILL
+FAILED_REAP_WAIT_S = 1.0  # the same for a failed engine (killed ones are still exiting)
+RETRY_AFTER_S = 10
 
 # The request being served on this task; set by the HTTP layer, read by generate().
 current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
@@ -59,18 +82,152 @@ def start_engine(args: Namespace, stat_loggers: list) -> object:
         disable_log_stats=False, enable_log_requests=engine_args.enable_log_requests)
 
 
+def engine_hang_s() -> float:
+    """The watchdog's timeout: `TAILGUARD_ENGINE_HANG_S`, else the default."""
+    raw = os.environ.get(ENV_ENGINE_HANG_S, "").strip()
+    if not raw:
+        return DEFAULT_ENGINE_HANG_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # also rejects NaN
+        log.warning("ignoring %s=%r (want seconds >= 0)", ENV_ENGINE_HANG_S, raw)
+        return DEFAULT_ENGINE_HANG_S
+    return value
+
+
+def engine_fault_error(fault: str, hang_s: float = 0.0) -> ApiError:
+    """What a request in flight gets when the engine fails under it."""
+    if fault == ENGINE_HUNG:
+        message = (f"the engine made no progress for {hang_s:g} s and is being "
+                   f"restarted; retry shortly")
+    elif fault == ENGINE_SHUTDOWN:
+        message = "the engine was shut down while serving this request; retry shortly"
+    else:
+        message = "the engine failed while serving this request and is being restarted; " \
+                  "retry shortly"
+    return ApiError(503, fault, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 class ObservedEngine:
     """Delegates to an `AsyncLLM`; `generate()` also fills the current request's
     record: token counts, finish reason, first-token time and the engine's stamps."""
 
-    def __init__(self, engine, ledger: StepLedger, clock: WallClock, admission=None):
+    def __init__(self, engine, ledger: StepLedger, clock: WallClock, admission=None,
+                 hang_s: float | None = None):
         self._engine = engine
         self._ledger = ledger
         self._clock = clock
         self._admission = admission
+        self.hang_s = engine_hang_s() if hang_s is None else hang_s
+        self.fault: str | None = None  # ENGINE_DEAD / ENGINE_HUNG once it failed
+        self.in_flight = 0  # engine requests between submission and their last output
+        self._progress_at = time.monotonic()
+        self._steps_seen = ledger.steps_seen
+        self._processes = engine_processes(engine)
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+    # --- failure: what breaker L2 watches, the watchdog, clean-up ------------------
+
+    @property
+    def errored(self) -> bool:
+        return self.fault == ENGINE_HUNG or bool(getattr(self._engine, "errored", False))
+
+    def watchdog(self, now: float | None = None) -> bool:
+        """Called about once a second. Requests unfinished in the engine and no
+        progress (an engine step, or an output) for `hang_s`: the engine is hung, so
+        kill its processes, fail the requests in flight (`EngineDeadError`, as for a
+        crash) and report `errored`. True when the engine is (now) known hung.
+
+        Unfinished in the engine, not merely open here: a stream whose client reads
+        slowly keeps its request open after the engine is done with it."""
+        now = time.monotonic() if now is None else now
+        if self.fault is not None:
+            return self.fault == ENGINE_HUNG
+        steps, pending = self._ledger.steps_seen, self._unfinished()
+        if steps != self._steps_seen or pending == 0:
+            self._steps_seen, self._progress_at = steps, now
+            return False
+        stalled = now - self._progress_at
+        if self.hang_s <= 0 or stalled < self.hang_s:
+            return False
+        self.fault = ENGINE_HUNG
+        log.error("engine hung: %d request(s) unfinished and no engine progress for %.1f s; "
+                  "killing the engine core", pending, stalled)
+        self.kill()
+        self._fail_in_flight()  # vLLM would notice the death too, but not at once
+        return True
+
+    def _unfinished(self) -> int:
+        """Requests the engine still owes output (vLLM's count; ours without it)."""
+        count = getattr(self._engine, "get_num_unfinished_requests", None)
+        try:
+            return int(count()) if callable(count) else self.in_flight
+        except Exception:
+            return self.in_flight
+
+    def kill(self) -> None:
+        """SIGKILL the engine core and its workers (a stopped process dies too)."""
+        for proc in self._live_processes():
+            try:
+                proc.kill()
+                log.warning("killed engine process %d (%s)", proc.pid, _name(proc))
+            except psutil.Error:
+                pass
+
+    def shutdown(self, *args, **kwargs) -> None:
+        """vLLM's shutdown, then fail the requests still in flight (vLLM's shutdown
+        cancels its output handler, which would leave them waiting forever) and make
+        sure no engine process outlives it (an orphaned worker, a stopped core)."""
+        failed = self.errored  # a failed engine's leftovers get a short grace period
+        if self.fault is None and self.in_flight:
+            self.fault = ENGINE_DEAD if failed else ENGINE_SHUTDOWN
+        try:
+            self._engine.shutdown(*args, **kwargs)
+        finally:
+            self._fail_in_flight()
+            alive = _wait_gone(self._live_processes(),
+                               FAILED_REAP_WAIT_S if failed else REAP_WAIT_S)
+            for proc in alive:
+                log.warning("engine process %d (%s) outlived shutdown; killing it",
+                            proc.pid, _name(proc))
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+            _wait_gone(alive, REAP_WAIT_S)
+
+    def _fail_in_flight(self) -> None:
+        """Every engine request still waiting for output gets `EngineDeadError`."""
+        processor = getattr(self._engine, "output_processor", None)
+        if processor is None:
+            return
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            processor.propagate_error(EngineDeadError())
+        except Exception:  # shutting down: best effort
+            log.exception("could not fail the engine requests in flight")
+
+    def _live_processes(self) -> list:
+        found = {p.pid: p for p in self._processes}
+        for proc in self._processes:  # a worker started since counts too
+            try:
+                found.update((c.pid, c) for c in proc.children(recursive=True))
+            except psutil.Error:
+                pass
+        return [p for p in found.values() if _alive(p)]
+
+    def _failed(self, rec: RequestRecord, exc: BaseException) -> None:
+        """An engine request ended in `exc`: if the engine itself failed, the request
+        is refused with the failure (not a generic 500)."""
+        if self.fault is None and (_is_engine_dead(exc) or self.errored):
+            self.fault = ENGINE_DEAD
+        if self.fault is not None and rec.refusal is None:
+            rec.refusal = engine_fault_error(self.fault, self.hang_s)
 
     async def generate(self, prompt, sampling_params, request_id: str,
                        *args, **kwargs) -> AsyncIterator:
@@ -89,9 +246,13 @@ class ObservedEngine:
         self._ledger.track(request_id, rec.tally, rec.request_id)
         deltas = _is_delta(sampling_params)
         last, tokens, pending = None, 0, admission is not None
+        if self.in_flight == 0:
+            self._progress_at = time.monotonic()  # the watchdog's clock starts now
+        self.in_flight += 1
         try:
             async for last in self._engine.generate(prompt, sampling_params, request_id,
                                                     *args, **kwargs):
+                self._progress_at = time.monotonic()
                 new = sum(len(o.token_ids) for o in last.outputs)
                 if new and rec.first_token is None:
                     rec.first_token = time.monotonic()
@@ -100,12 +261,62 @@ class ObservedEngine:
                     admission.first_token(prompt_tokens)
                 tokens = tokens + new if deltas else new
                 yield last
+        except Exception as exc:
+            self._failed(rec, exc)
+            raise
         finally:
+            self.in_flight -= 1
             if admission is not None:
                 admission.release(prompt_tokens, pending)
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 _absorb(rec, last, tokens, self._clock)
+
+
+def engine_processes(engine) -> list:
+    """The engine core processes of an `AsyncLLM` and their workers; empty for an
+    engine without local processes."""
+    core = getattr(engine, "engine_core", None)
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    found = []
+    for proc in getattr(manager, "processes", None) or ():
+        try:
+            root = psutil.Process(proc.pid)
+            found += [root, *root.children(recursive=True)]
+        except (psutil.Error, TypeError, ValueError):
+            pass
+    return found
+
+
+def _wait_gone(procs: list, timeout_s: float) -> list:
+    """Wait until `procs` are gone (a zombie counts: its parent reaps it, and
+    reaping it here would confuse `multiprocessing`); the ones still alive."""
+    deadline = time.monotonic() + timeout_s
+    procs = [p for p in procs if _alive(p)]
+    while procs and time.monotonic() < deadline:
+        time.sleep(0.05)
+        procs = [p for p in procs if _alive(p)]
+    return procs
+
+
+def _alive(proc) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _name(proc) -> str:
+    try:
+        return proc.name()
+    except psutil.Error:
+        return "?"
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return isinstance(exc, EngineDeadError)
 
 
 def _prompt_length(prompt) -> int:

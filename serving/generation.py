@@ -117,7 +117,7 @@ async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
     try:
         async for chunk in chunks:
             if chunk.startswith(STREAM_ERROR_PREFIX):
-                _stream_error(rec, chunk)
+                chunk = _stream_error(rec, chunk)
             yield chunk
     except (asyncio.CancelledError, GeneratorExit):
         rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away mid-stream",
@@ -128,8 +128,15 @@ async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
         runtime.observer.finish(rec, span)
 
 
-def _stream_error(rec, chunk: str) -> None:
-    """vLLM reports a failure inside a started stream as an error event."""
+def _stream_error(rec, chunk: str) -> str:
+    """vLLM reports a failure inside a started stream as an error event; the event to
+    send instead (ours, when we know better: the engine died or hung under it)."""
+    refusal = rec.refusal
+    if isinstance(refusal, ApiError):
+        rec.fail(refusal.status, refusal.error_type, refusal.message, refusal.outcome)
+        err = json.loads(refusal.response().body)["error"]
+        err["code"] = refusal.status  # in a stream, vLLM's convention: the HTTP status
+        return f"data: {json.dumps({'error': err})}\n\n"
     try:
         err = json.loads(chunk[len("data: "):])["error"]
         status = int(err.get("code") or 500)
@@ -137,6 +144,7 @@ def _stream_error(rec, chunk: str) -> None:
         status, err = 500, {"message": chunk.strip()}
     rec.fail(status, "engine_error" if status >= 500 else "invalid_request",
              str(err.get("message")), R.STATUS_ERROR if status >= 500 else R.STATUS_REJECTED)
+    return chunk
 
 
 async def _until_disconnect(raw: Request, work):

@@ -69,6 +69,7 @@ class Guard:
 
     def tick(self, runtime, now: float | None = None) -> Decisions:
         now = time.time() if now is None else now
+        self._watch_engine(runtime)
         signals = self.engine.signals(
             now, engine_failed=runtime.engine_failed,
             queue_depth=runtime.load.pending[0],
@@ -81,6 +82,15 @@ class Guard:
             self._restarted_episode = l2.since
             self._restarting = asyncio.create_task(self._restart(runtime))
         return decisions
+
+    @staticmethod
+    def _watch_engine(runtime) -> None:
+        """The engine watchdog (a hung engine raises no exception): it kills an engine
+        that stopped making progress under requests, so `engine_failed` trips L2."""
+        handle = getattr(runtime, "handle", None)
+        watchdog = getattr(getattr(handle, "engine", None), "watchdog", None)
+        if callable(watchdog):
+            watchdog()
 
     async def _restart(self, runtime) -> None:
         self.restarts += 1

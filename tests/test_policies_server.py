@@ -205,11 +205,11 @@ def test_load_trips_vip_only_truncation_and_predicted_miss_then_they_recover(gua
         while not stop.is_set():
             complete(guarded, VIP, words=1500, max_tokens=8)
 
-    threads = [threading.Thread(target=hammer) for _ in range(3)]
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: state(guarded, "truncation") == "active", timeout=60)
+        wait_for(lambda: state(guarded, "truncation") == "active", timeout=90)
         long_doc = complete(guarded, VIP, words=3000, max_tokens=2)
         assert long_doc.status_code == 200
         assert long_doc.json()["usage"]["prompt_tokens"] == 2048

@@ -1,0 +1,303 @@
+"""Engine faults under load, on a real engine: the engine core process crashes
+(SIGKILL) or hangs (SIGSTOP) while a streamed and a plain request are generating.
+
+Each time: the stream ends with a clean error event and `[DONE]`, the plain request
+gets an OpenAI-style 503, both rows say `error` with `engine_dead`/`engine_hung`,
+breaker L2 restarts the engine, new requests are served again within a bound, and the
+old engine processes are gone. The hang has no exception: the watchdog
+(`TAILGUARD_ENGINE_HANG_S`, short here) notices the missing progress.
+
+One server for the module (the crash first, then the hang on the restarted engine);
+the watchdog's rules are also checked on a fake engine, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from unittest import mock
+
+import httpx
+import psutil
+import pytest
+
+from observe.stats import RequestRecord, WallClock
+from serving import engine as E
+from tests.conftest import start_server, stop_server
+
+HANG_S = 5  # the watchdog's timeout on this server
+RECOVER_S = 120  # fault -> a new request served (engine restart on a 2-CPU box)
+CLIENT_S = 60  # no client waits longer than this for anything
+MAX_TOKENS = 3900  # ~15 s of decoding: still running when the fault hits
+EXPECTED = {
+    "engine_dead": "the engine failed while serving this request and is being restarted; "
+                   "retry shortly",
+    "engine_hung": f"the engine made no progress for {HANG_S} s and is being restarted; "
+                   "retry shortly",
+}
+
+
+# --- the watchdog and the failure mapping, on a fake engine ------------------------
+
+
+class FakeLedger:
+    steps_seen = 0
+
+    def track(self, *args):
+        pass
+
+    def untrack(self, *args):
+        pass
+
+
+class FakeEngine:
+    """The bits of `AsyncLLM` the wrapper uses; `generate` fails with `error`."""
+
+    errored = False
+
+    def __init__(self, error: Exception | None = None):
+        self.unfinished, self.propagated, self.error = 0, [], error
+        self.output_processor = self
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.unfinished
+
+    def propagate_error(self, exc: Exception) -> None:
+        self.propagated.append(exc)
+
+    def shutdown(self) -> None:
+        pass
+
+    async def generate(self, *args, **kwargs):
+        if self.error is not None:
+            raise self.error
+        yield None  # pragma: no cover
+
+
+def test_watchdog_trips_only_when_the_engine_owes_output_and_makes_no_progress():
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    inner, ledger = FakeEngine(), FakeLedger()
+    eng = E.ObservedEngine(inner, ledger, WallClock(), hang_s=5)
+    assert not eng.watchdog(100) and not eng.watchdog(200)  # idle: never hung
+    eng.in_flight = 1  # a stream whose slow client still holds it; the engine is done
+    assert not eng.watchdog(300)
+    inner.unfinished = 2  # the engine owes output from now (t=300) on
+    assert not eng.watchdog(304.9)
+    ledger.steps_seen = 1  # a step: progress
+    assert not eng.watchdog(305) and not eng.watchdog(309.9)
+    assert not eng.errored and eng.fault is None and inner.propagated == []
+    assert eng.watchdog(310)  # 5 s without a step
+    assert eng.fault == E.ENGINE_HUNG and eng.errored
+    assert len(inner.propagated) == 1 and isinstance(inner.propagated[0], EngineDeadError)
+    assert eng.watchdog(400) and len(inner.propagated) == 1  # once
+
+    off = E.ObservedEngine(FakeEngine(), FakeLedger(), WallClock(), hang_s=0)
+    off._engine.unfinished = 1
+    assert not off.watchdog(100) and not off.watchdog(10_000)
+
+
+def test_hang_timeout_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(E.ENV_ENGINE_HANG_S, raising=False)
+    assert E.engine_hang_s() == E.DEFAULT_ENGINE_HANG_S
+    for raw, want in (("7", 7.0), ("0.5", 0.5), ("0", 0.0), ("abc", E.DEFAULT_ENGINE_HANG_S),
+                      ("-1", E.DEFAULT_ENGINE_HANG_S), ("nan", E.DEFAULT_ENGINE_HANG_S)):
+        monkeypatch.setenv(E.ENV_ENGINE_HANG_S, raw)
+        assert E.engine_hang_s() == want, raw
+
+
+def _generate(eng: E.ObservedEngine) -> RequestRecord:
+    rec = RequestRecord(request_id="r1", arrival=time.monotonic(), endpoint="chat")
+
+    async def run():
+        E.current_request.set(rec)
+        with pytest.raises(Exception):
+            async for _ in eng.generate({"prompt_token_ids": [1, 2]}, None, "r1"):
+                pass
+
+    asyncio.run(run())
+    assert eng.in_flight == 0
+    return rec
+
+
+def test_a_request_the_engine_fails_under_carries_the_failure():
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    dead = E.ObservedEngine(FakeEngine(EngineDeadError()), FakeLedger(), WallClock())
+    err = _generate(dead).refusal
+    assert (err.status, err.error_type, err.outcome) == (503, "engine_dead", "error")
+    assert dead.fault == E.ENGINE_DEAD and err.headers["Retry-After"].isdigit()
+    # any other failure of a healthy engine is not an engine failure
+    healthy = E.ObservedEngine(FakeEngine(ValueError("bad")), FakeLedger(), WallClock())
+    assert _generate(healthy).refusal is None and healthy.fault is None
+
+
+# --- a real engine, crashed and hung ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    with mock.patch.dict(os.environ, {"TAILGUARD_ENGINE_HANG_S": str(HANG_S)}):
+        server = start_server(tmp_path_factory.mktemp("engine_crash"))
+    server.engine_processes = []  # every engine process it had, checked at the end
+    server.model = model(server)
+    try:
+        yield server
+    finally:
+        stop_server(server)
+        left = [p for p in server.engine_processes if _alive(p)]
+        for proc in left:  # leave nothing behind, even when failing
+            _kill(proc)
+        assert not left, f"engine processes outlived the server: {left}"
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _kill(proc: psutil.Process) -> None:
+    try:
+        proc.send_signal(signal.SIGCONT)
+        proc.kill()
+    except psutil.Error:
+        pass
+
+
+def engine_core(srv) -> psutil.Process:
+    """The server's engine core process (vLLM names it `VLLM::EngineCore`)."""
+    for proc in psutil.Process(srv.process.pid).children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(proc.cmdline()) or "EngineCor" in proc.name():
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError("no engine core process under the server")
+
+
+def model(srv) -> str:
+    resp = httpx.get(srv.url + "/v1/models", timeout=10)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["data"][0]["id"]
+
+
+def stream_chat(srv, name: str, started: threading.Event) -> dict:
+    """A long streamed chat; `started` is set once tokens flow."""
+    lines, began = [], time.monotonic()
+    body = {"model": name, "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+    timeout = httpx.Timeout(10, read=CLIENT_S)
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body,
+                      timeout=timeout) as resp:
+        for line in resp.iter_lines():
+            if line:
+                lines.append(line)
+            if len(lines) >= 10:
+                started.set()
+        return {"status": resp.status_code, "id": resp.headers.get("x-request-id"),
+                "lines": lines, "raw": "\n".join(lines), "s": time.monotonic() - began}
+
+
+def complete(srv, name: str, max_tokens: int = MAX_TOKENS, timeout: float = CLIENT_S):
+    return httpx.post(srv.url + "/v1/completions", timeout=timeout,
+                      json={"model": name, "prompt": "word " * 10, "max_tokens": max_tokens,
+                            "ignore_eos": True})
+
+
+def restarts(srv) -> int:
+    return len(srv.sql("SELECT 1 FROM policy_events WHERE policy = 'breaker_l2' "
+                       "AND reason = 'restarting the engine'"))
+
+
+def fault_mid_stream(srv, sig: int) -> tuple[dict, httpx.Response, float, float, list]:
+    """Start a plain and a streamed request, send `sig` to the engine core once
+    tokens flow; both clients' outcomes, when the fault hit, how long after it the
+    clients were answered, and the engine processes of the time."""
+    core = engine_core(srv)
+    old = [core, *core.children(recursive=True)]
+    srv.engine_processes.extend(old)
+    name, started = srv.model, threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(complete, srv, name)
+        time.sleep(0.5)  # the plain request reaches the engine first
+        streamed = pool.submit(stream_chat, srv, name, started)
+        assert started.wait(30), "the stream never started"
+        assert not plain.done(), "the plain request finished before the fault"
+        os.kill(core.pid, sig)
+        faulted = time.monotonic()
+        try:
+            stream, resp = streamed.result(CLIENT_S + 5), plain.result(CLIENT_S + 5)
+        finally:
+            if sig == signal.SIGSTOP and _alive(core):  # never leave it stopped
+                core.send_signal(signal.SIGCONT)
+        return stream, resp, faulted, time.monotonic() - faulted, old
+
+
+def check_failed_cleanly(srv, stream: dict, resp: httpx.Response, error_type: str) -> None:
+    message = EXPECTED[error_type]
+    # the stream: tokens, then one clean error event (no traceback), then [DONE]
+    assert stream["status"] == 200
+    assert stream["lines"][-1] == "data: [DONE]", stream["lines"][-3:]
+    assert stream["lines"][-2].startswith('data: {"error"'), stream["lines"][-3:]
+    assert json.loads(stream["lines"][-2][len("data: "):]) == {"error": {
+        "message": message, "type": "service_unavailable", "param": None, "code": 503}}
+    assert sum(line.startswith('data: {"error"') for line in stream["lines"]) == 1
+    assert '"delta"' in stream["raw"] and "Traceback" not in stream["raw"]
+    # the plain request: an OpenAI-style 503 that says to come back
+    assert resp.status_code == 503, resp.text
+    assert resp.json() == {"error": {"message": message, "type": "service_unavailable",
+                                     "param": None, "code": error_type}}
+    assert resp.headers["retry-after"].isdigit()
+    # both rows: failed, with the reason
+    ids = (stream["id"], resp.headers["x-request-id"])
+    rows = srv.sql("SELECT request_id, endpoint, stream, status, http_status, error_type, "
+                   f"error_message FROM requests WHERE request_id IN {ids} "
+                   "ORDER BY endpoint")
+    assert rows == [
+        {"request_id": stream["id"], "endpoint": "chat", "stream": True, "status": "error",
+         "http_status": 503, "error_type": error_type, "error_message": message},
+        {"request_id": ids[1], "endpoint": "text_completion", "stream": False,
+         "status": "error", "http_status": 503, "error_type": error_type,
+         "error_message": message}]
+
+
+def check_recovered(srv, faulted_at: float, old: list, restarts_before: int) -> None:
+    """A new request is served within RECOVER_S of the fault, by a new engine core;
+    the old engine processes are gone; breaker L2 restarted the engine once."""
+    name = srv.model  # /v1/models answers 503 until the engine is back
+    while True:
+        try:
+            if complete(srv, name, max_tokens=4, timeout=30).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() - faulted_at < RECOVER_S, "the engine did not come back"
+        time.sleep(1)
+    assert not [p for p in old if _alive(p)], "an old engine process survived the restart"
+    new = engine_core(srv)
+    assert new.pid not in {p.pid for p in old}
+    srv.engine_processes.extend([new, *new.children(recursive=True)])
+    assert restarts(srv) == restarts_before + 1
+
+
+def test_engine_crash_mid_stream_fails_cleanly_and_restarts(srv):
+    before = restarts(srv)
+    stream, resp, faulted, ended_s, old = fault_mid_stream(srv, signal.SIGKILL)
+    assert ended_s < 15, f"clients waited {ended_s:.1f} s after the crash"
+    check_failed_cleanly(srv, stream, resp, "engine_dead")
+    check_recovered(srv, faulted, old, before)
+
+
+def test_engine_hang_mid_stream_is_caught_by_the_watchdog(srv):
+    before = restarts(srv)
+    stream, resp, faulted, ended_s, old = fault_mid_stream(srv, signal.SIGSTOP)
+    assert HANG_S - 1 < ended_s < HANG_S + 15, f"clients ended {ended_s:.1f} s after the hang"
+    check_failed_cleanly(srv, stream, resp, "engine_hung")
+    check_recovered(srv, faulted, old, before)
