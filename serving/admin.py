@@ -81,7 +81,7 @@ def create_admin_router(runtime) -> APIRouter:
             return exc.response()
         except QueryError as exc:
             return ApiError(400, "invalid_query", str(exc)).response()
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return ApiError(400, "invalid_request", f"invalid body: {exc}").response()
         return JSONResponse({"columns": result.columns, "truncated": result.truncated,
                              "rows": [[jsonable(v) for v in row] for row in result.rows]})
@@ -119,10 +119,15 @@ def create_admin_router(runtime) -> APIRouter:
             if older is not None and (isinstance(older, bool) or not isinstance(
                     older, (int, float)) or older < 0):
                 raise ValueError("older_than_s must be a number of seconds >= 0")
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return ApiError(400, "invalid_request", str(exc)).response()
         moved = await asyncio.to_thread(runtime.rotator.rotate, runtime.tracelog, older)
         return JSONResponse({"archived": moved, "instance": runtime.rotator.config.instance})
+
+    @router.get("/tracelog")
+    async def tracelog_stats():
+        """The writer's state without flushing: rows pending, written and dropped."""
+        return JSONResponse(runtime.tracelog.stats())
 
     @router.post("/flush")
     async def flush():

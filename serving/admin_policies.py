@@ -26,7 +26,7 @@ EVENTS_SQL = ("SELECT ts, policy, from_state, to_state, reason, details FROM pol
 async def _body(request: Request) -> dict:
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ApiError(400, "invalid_json", "body must be a JSON object") from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_json", "body must be a JSON object")

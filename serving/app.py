@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.admin import create_admin_router
 from serving.admin_policies import create_policy_router
@@ -75,6 +76,12 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.exception_handler(ApiError)
     async def refused(_: Request, exc: ApiError):
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        """Unknown routes and methods answer in the OpenAI error shape too."""
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers).response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):

@@ -38,7 +38,7 @@ DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni"
 # The engine watchdog: requests in flight and no engine step (nor output) for this
 # long means the engine core is hung. 0 turns the watchdog off.
 ENV_ENGINE_HANG_S = "TAILGUARD_ENGINE_HANG_S"
-DEFAULT_ENGINE_HANG_S = 30.0
+DEFAULT_ENGINE_HANG_S = 60.0  # longer than any first-use kernel compile seen here
 ENGINE_DEAD = "engine_dead"
 ENGINE_HUNG = "engine_hung"
 ENGINE_SHUTDOWN = "engine_shutdown"  # shut down (a restart, a server stop) under requests

@@ -186,6 +186,8 @@ async def _read_json(raw: Request, limit: int):
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the parser goes
+        raise ApiError(400, "invalid_json", "request body is nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_json", "request body must be a JSON object")
     return data
@@ -210,6 +212,6 @@ def _pin_request_id(raw: Request, request_id: str) -> None:
     """Make vLLM use our id (it reads X-Request-Id), so the response id, engine
     request id and trace-log row agree."""
     headers = [(k, v) for k, v in raw.scope["headers"] if k != b"x-request-id"]
-    headers.append((b"x-request-id", request_id.encode()))
+    headers.append((b"x-request-id", request_id.encode("latin-1")))  # as HTTP decoded it
     raw.scope["headers"] = headers
     raw.__dict__.pop("_headers", None)

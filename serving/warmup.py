@@ -45,10 +45,24 @@ async def warm_up(engine, max_model_len: int, vocab_size: int, seed: int = 0) ->
         first = await _timed(engine, tokens, params)
         later = await _timed(engine, tokens[::-1], params)  # same size, no prefix-cache hit
         calls.append(WarmupCall(length, first, later))
+    await _warm_sampler_paths(engine, rng, vocab_size)
     for call in calls:
         log.info("warm-up %5d tokens: first %.3fs, later %.3fs (x%.1f)",
                  call.prompt_tokens, call.first_s, call.later_s, call.ratio)
     return calls
+
+
+async def _warm_sampler_paths(engine, rng: random.Random, vocab_size: int) -> None:
+    """Logprobs and random sampling build their own kernels on first use (a g++ compile
+    of tens of seconds on a small CPU): pay it here, not in a user's request, where the
+    engine watchdog would take the silent engine for a hung one."""
+    from vllm import SamplingParams
+
+    tokens = [rng.randrange(16, vocab_size) for _ in range(32)]
+    for params in (SamplingParams(max_tokens=2, logprobs=5, prompt_logprobs=5, temperature=0),
+                   SamplingParams(max_tokens=2, temperature=0.8, top_p=0.9, top_k=20,
+                                  min_p=0.05, repetition_penalty=1.1, seed=1, logprobs=2)):
+        await _timed(engine, tokens, params)
 
 
 async def _timed(engine, tokens: list[int], params) -> float:

@@ -35,13 +35,16 @@ def from_openslo(doc: Located, source: str):
 
 
 def _one(node: Located):
-    from slo.spec import EVENT_SLIS, SLIS, SLO, _objective, parse_duration
+    from slo.spec import _NAME, EVENT_SLIS, SLIS, SLO, _objective, parse_duration
 
     m = node.mapping("OpenSLO object")
     if m.require("kind").string() != "SLO":
         raise m.require("kind").error("only kind: SLO can be imported")
     meta, spec = m.require("metadata").mapping("metadata"), m.require("spec").mapping("spec")
     name = re.sub(r"[^a-z0-9_]", "_", meta.require("name").string().lower())
+    if not _NAME.fullmatch(name):
+        raise meta.require("name").error("must start with a letter (names become "
+                                         "[a-z][a-z0-9_]*)")
     sli = _sli_name(meta, spec)
     if sli not in SLIS:
         raise meta.error("cannot map this SLO: name its SLI with the annotation "

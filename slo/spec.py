@@ -97,6 +97,19 @@ def load_spec(path: str | Path | None = None) -> SLOSpec:
 
 def parse_spec(text: str, source: str = "<spec>") -> SLOSpec:
     try:
+        return _parse_document(text, source)
+    except SpecError:
+        raise
+    except yaml.YAMLError as exc:  # tags and unhashable keys surface while reading values
+        raise SpecError(f"{source}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except (TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
+        # a shape no check named: still one clear line, never a traceback
+        raise SpecError(f"{source}: not a valid SLO spec ({type(exc).__name__}: {exc})"
+                        ) from None
+
+
+def _parse_document(text: str, source: str) -> SLOSpec:
+    try:
         doc = load_located(text, source)
     except yaml.YAMLError as exc:
         raise SpecError(f"{source}: not valid YAML: {exc}") from None
@@ -120,7 +133,7 @@ def _parse_slo(node: Located) -> SLO:
     m.only({"name", "sli", "objective", "timeWindow", "budgetingMethod", "target",
             "description"})
     name = m.require("name").string()
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise m.require("name").error("must match [a-z][a-z0-9_]*")
     sli = m.require("sli").choice(SLIS)
     budgeting = m.get("budgetingMethod", "Occurrences").string()

@@ -18,6 +18,13 @@ import math
 from dataclasses import dataclass
 
 
+def _finite(*values) -> bool:
+    try:
+        return all(math.isfinite(float(v)) for v in values)
+    except (TypeError, ValueError):
+        return False
+
+
 def _lit(seconds: float) -> str:
     """A DOUBLE literal: DuckDB would read 0.3 as DECIMAL."""
     return f"{float(seconds)!r}::DOUBLE"
@@ -30,6 +37,8 @@ class ContextTarget:
     breakpoint_tokens: int = 1024
 
     def __post_init__(self) -> None:
+        if not _finite(self.short_base_s, self.long_base_s, self.breakpoint_tokens):
+            raise ValueError("targets must be finite numbers")
         if not 0 < self.short_base_s <= self.long_base_s:
             raise ValueError("short_base_s must be > 0 and <= long_base_s")
         if self.breakpoint_tokens < 1:
@@ -55,8 +64,8 @@ class FixedTarget:
     seconds: float
 
     def __post_init__(self) -> None:
-        if not self.seconds > 0:
-            raise ValueError("seconds must be > 0")
+        if not _finite(self.seconds) or not self.seconds > 0:
+            raise ValueError("seconds must be a finite number > 0")
 
     def __call__(self, context_tokens: int) -> float:
         return self.seconds
@@ -79,6 +88,8 @@ class TableTarget:
         if any(b is None for b in bounds) or bounds != sorted(set(bounds)):
             raise ValueError("max_tokens must increase and only the last may be open")
         seconds = [s for _, s in self.steps]
+        if not _finite(*seconds, *(b for b in bounds)):
+            raise ValueError("steps must be finite numbers")
         if any(s <= 0 for s in seconds) or seconds != sorted(seconds):
             raise ValueError("seconds must be positive and not decrease with context")
 
@@ -90,7 +101,8 @@ class TableTarget:
 
     def sql(self, ctx: str) -> str:
         cases = " ".join(f"WHEN {ctx} <= {b} THEN {_lit(s)}" for b, s in self.steps if b is not None)
-        return f"(CASE {cases} ELSE {_lit(self.steps[-1][1])} END)"
+        last = _lit(self.steps[-1][1])
+        return f"(CASE {cases} ELSE {last} END)" if cases else last
 
 
 Target = ContextTarget | FixedTarget | TableTarget
