@@ -15,8 +15,8 @@ import yaml
 
 from alerts.config import RuleConfig
 from alerts.ops_rules import ops_group
-from alerts.slo_rules import slo_groups
 from alerts.ops_tests import ops_tests
+from alerts.slo_rules import slo_groups
 from alerts.slo_tests import slo_tests
 from slo.spec import SLOSpec
 

@@ -11,8 +11,13 @@ Sloth has no notion of: the same SLI per context bucket
 from __future__ import annotations
 
 from alerts.config import SLOTH_MODE, SLOTH_SPEC, RuleConfig
-from alerts.promql import (label_value, labels_selector, number, period_average,
-                           sli_error_ratio)
+from alerts.promql import (
+    label_value,
+    labels_selector,
+    number,
+    period_average,
+    sli_error_ratio,
+)
 from observe import registry as R
 from slo.spec import SLO, SLOSpec
 from slo.windows import BURN_WINDOWS, BurnWindow, sli_windows

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from observe import registry as R
-from tests.conftest import ADMIN_TOKEN, start_server, stop_server
 from serving.profiling import PHASES, PROCESS_ENGINE, PROCESS_SERVER
+from tests.conftest import ADMIN_TOKEN, start_server, stop_server
 from tests.otlp_receiver import HttpReceiver
 from tests.pyroscope_receiver import PyroscopeReceiver
 

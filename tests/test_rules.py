@@ -14,8 +14,15 @@ from alerts import ops_tests
 from alerts.config import RuleConfig
 from alerts.ops_rules import OPS_ALERTS
 from alerts.promtool import counter_values, promtool
-from alerts.rules import (GENERATED_MARK, RULES_FILE, TESTS_FILE, render_rules, render_tests,
-                          rule_groups, write)
+from alerts.rules import (
+    GENERATED_MARK,
+    RULES_FILE,
+    TESTS_FILE,
+    render_rules,
+    render_tests,
+    rule_groups,
+    write,
+)
 from alerts.slo_windows import scenarios
 from observe import registry as R
 from slo.spec import load_spec, parse_spec

@@ -13,7 +13,13 @@ from datetime import datetime, timezone
 import duckdb
 import pytest
 
-from observe.query import QueryError, QueryResult, check_read_only, format_result, query_file
+from observe.query import (
+    QueryError,
+    QueryResult,
+    check_read_only,
+    format_result,
+    query_file,
+)
 from observe.schema import REQUESTS, TABLES, create_schema
 from observe.tracelog import FLUSH_INTERVAL_ENV, TraceLog, TraceLogConfig
 
