@@ -57,6 +57,9 @@ def model_init(directory):
               help="YAML overriding degradation-policy thresholds (SPEC §3 defaults).")
 @click.option("--enable-fault-injection", is_flag=True,
               help="Allow PUT /admin/faults to make the engine slow, stall or fail (drills).")
+@click.option("--max-body-bytes", type=click.IntRange(min=1024),
+              help="Largest request body (default: $TAILGUARD_MAX_BODY_BYTES or 4 MiB); "
+                   "the prompt limit is the model's context (`-- --max-model-len N`).")
 @click.option("--otlp-endpoint", help="Also send traces and metrics to this OpenTelemetry "
               "collector (default: $OTEL_EXPORTER_OTLP_ENDPOINT; off).")
 @click.option("--otlp-protocol", type=click.Choice(["http/protobuf", "grpc"]),
@@ -73,7 +76,7 @@ def model_init(directory):
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
           slo_file, model_dir, retrain_interval, reselect_interval, keys_file, policy_file,
-          enable_fault_injection, otlp_endpoint, otlp_protocol, archive_dir, archive_after,
+          enable_fault_injection, max_body_bytes, otlp_endpoint, otlp_protocol, archive_dir, archive_after,
           archive_interval, instance, profile_server, vllm_args):
     """OpenAI-compatible server with full observation.
 
@@ -92,7 +95,8 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             flush_interval_s=flush_interval, slo_file=slo_file, model_dir=model_dir,
             retrain_interval_s=retrain_interval, reselect_interval_s=reselect_interval,
             keys_file=keys_file, policy_file=policy_file,
-            enable_fault_injection=enable_fault_injection, otlp_endpoint=otlp_endpoint,
+            enable_fault_injection=enable_fault_injection, max_body_bytes=max_body_bytes,
+            otlp_endpoint=otlp_endpoint,
             otlp_protocol=otlp_protocol, archive_dir=archive_dir, archive_after=archive_after,
             archive_interval_s=archive_interval, instance=instance,
             profile_server=profile_server, vllm_args=list(vllm_args))
