@@ -228,7 +228,7 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
     from vllm import SamplingParams
 
     from serving.config import ServerConfig
-    from serving.engine import start_engine, vllm_namespace
+    from serving.engine_setup import start_engine, vllm_namespace
     from serving.model import ensure_model
     from serving.runtime import Runtime
     from serving.steps import StepLedger

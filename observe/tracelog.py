@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -25,6 +26,12 @@ from observe.schema import TABLES, TableSpec, arrow_batches, create_schema
 
 FLUSH_INTERVAL_ENV: Final = "TAILGUARD_TRACE_FLUSH_S"
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
+# DuckDB's default memory limit is 80% of RAM, and its buffer cache keeps the blocks
+# of a growing file: the server's RSS grew with the trace log (+25 MiB in a 10-minute
+# soak, without end). Cached blocks above the limit are evicted; big queries spill.
+MEMORY_LIMIT_ENV: Final = "TAILGUARD_TRACE_MEMORY"
+DEFAULT_MEMORY_LIMIT: Final = "512MB"
+_MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*(B|[KMGT]i?B)", re.IGNORECASE)
 # Rows per Arrow conversion call: the flush thread holds the GIL inside each call,
 # so this bounds how long it can stall the event loop (~2 ms for timestamps).
 CONVERT_CHUNK_ROWS: Final = 8192
@@ -39,8 +46,15 @@ class TraceLogConfig:
     flush_interval_s: float | None = None  # None: $TAILGUARD_TRACE_FLUSH_S, else 1.0
     max_buffer_rows: int = 50_000  # one table's buffer this full wakes the flusher
     max_pending_rows: int = 1_000_000  # all buffers this full: new rows are dropped
+    memory_limit: str | None = None  # None: $TAILGUARD_TRACE_MEMORY, else 512MB
 
     def __post_init__(self) -> None:
+        if self.memory_limit is None:
+            self.memory_limit = os.environ.get(MEMORY_LIMIT_ENV, DEFAULT_MEMORY_LIMIT)
+        self.memory_limit = self.memory_limit.strip()
+        if not _MEMORY_LIMIT.fullmatch(self.memory_limit):
+            raise ValueError(f"trace-log memory limit must look like 512MB or 2GiB, "
+                             f"got {self.memory_limit!r}")
         if self.flush_interval_s is None:
             raw = os.environ.get(FLUSH_INTERVAL_ENV, str(DEFAULT_FLUSH_INTERVAL_S))
             try:
@@ -76,10 +90,12 @@ class TraceLog:
     """Buffered, thread-safe writer of the trace-log tables; owns its DuckDB file."""
 
     def __init__(self, path: str | Path = ":memory:", *, flush_interval_s: float | None = None,
-                 max_buffer_rows: int = 50_000, max_pending_rows: int = 1_000_000) -> None:
+                 max_buffer_rows: int = 50_000, max_pending_rows: int = 1_000_000,
+                 memory_limit: str | None = None) -> None:
         self.path = str(path)
-        self.config = TraceLogConfig(flush_interval_s, max_buffer_rows, max_pending_rows)
-        self._conn = _open_writer(self.path)
+        self.config = TraceLogConfig(flush_interval_s, max_buffer_rows, max_pending_rows,
+                                     memory_limit)
+        self._conn = _open_writer(self.path, self.config.memory_limit)
         self._reader = self._conn.cursor()  # query() cursors hang off this one
         self._buffers = {name: _TableBuffer(spec) for name, spec in TABLES.items()}
         self._insert_sql = {name: _insert_sql(spec) for name, spec in TABLES.items()}
@@ -227,8 +243,8 @@ class TraceLog:
             cursor.close()
 
 
-def _open_writer(path: str) -> duckdb.DuckDBPyConnection:
-    conn = duckdb.connect(path)
+def _open_writer(path: str, memory_limit: str) -> duckdb.DuckDBPyConnection:
+    conn = duckdb.connect(path, config={"memory_limit": memory_limit})
     create_schema(conn)
     # Every query session computes dates in UTC, whatever the server's local zone.
     conn.execute("SET GLOBAL TimeZone = 'UTC'")

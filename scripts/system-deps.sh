@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Debian packages the tests use: Prometheus + promtool (rules, end-to-end scrape);
 # Chromium (+ a colour emoji font for its screenshots) for the console's browser test.
+# libtcmalloc-minimal4: the allocator `serve` preloads for the engine (serving/allocator.py).
 # Idempotent: installs only what is missing. Needs root (as on CI and dev machines).
 set -euo pipefail
-PACKAGES=(prometheus chromium fonts-noto-color-emoji)
+PACKAGES=(prometheus chromium fonts-noto-color-emoji libtcmalloc-minimal4)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

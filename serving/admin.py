@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -18,6 +19,8 @@ from fastapi.responses import JSONResponse
 from observe.query import QueryError
 from serving.config import ENV_ADMIN_TOKEN
 from serving.errors import ApiError
+
+log = logging.getLogger("tailguard")
 
 TOKEN_FILE_SUFFIX = ".admin-token"
 DEFAULT_QUERY_ROWS = 10_000
@@ -35,6 +38,7 @@ def resolve_admin_token(db: str, token_file: str | None) -> tuple[str, str]:
         return os.environ[ENV_ADMIN_TOKEN], f"${ENV_ADMIN_TOKEN}"
     path = Path(token_file) if token_file else default_token_file(db)
     if path.is_file():
+        _warn_if_shared(path)
         return path.read_text().strip(), str(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
@@ -42,6 +46,15 @@ def resolve_admin_token(db: str, token_file: str | None) -> tuple[str, str]:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token, str(path)
+
+
+def _warn_if_shared(path: Path) -> None:
+    """A token file others can read is used (a Kubernetes secret volume is 0644 by
+    default), but said loudly."""
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        log.warning("admin token file %s is readable by others (mode %04o); "
+                    "chmod 600 it", path, mode)
 
 
 def check_token(request: Request, token: str) -> None:

@@ -1,8 +1,7 @@
-"""The vLLM engine, in-process (`AsyncLLM`), and the client wrapper that observes it.
+"""The client wrapper that observes the in-process vLLM engine (`AsyncLLM`, built in
+`serving/engine_setup.py`; its processes are found in `serving/engine_procs.py`).
 
-We build the engine exactly as `vllm serve` would, from vLLM's own argument parser,
-so every engine argument passes through (`tailguard serve -- --tensor-parallel-size 2`).
-vLLM's OpenAI serving classes then run on `ObservedEngine`, which only watches
+vLLM's OpenAI serving classes run on `ObservedEngine`, which only watches
 `generate()`: the wire format stays vLLM's, byte for byte.
 
 `ObservedEngine` also notices the engine failing under its requests. A crashed engine
@@ -18,22 +17,17 @@ import contextvars
 import logging
 import os
 import time
-from argparse import Namespace
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import psutil
 
 from observe.stats import EngineTimes, RequestRecord, WallClock
+from serving.engine_procs import alive, engine_processes, name_of, wait_gone
 from serving.errors import ApiError
 from serving.steps import StepLedger
 
 log = logging.getLogger("tailguard")
-
-# Defaults that make a CPU box start in seconds; every one can be overridden by
-# passing the vLLM flag explicitly.
-CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni")
 
 # The engine watchdog: requests in flight and no engine step (nor output) for this
 # long means the engine core is hung. 0 turns the watchdog off.
@@ -49,37 +43,6 @@ RETRY_AFTER_S = 10
 # The request being served on this task; set by the HTTP layer, read by generate().
 current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
     "tailguard_request", default=None)
-
-
-def vllm_namespace(model: str, served_name: str | None, extra: list[str]) -> Namespace:
-    """vLLM's `serve` arguments, parsed by vLLM's own parser."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    argv = ["--model", model, *[f for f in DEFAULT_VLLM_FLAGS if f not in extra]]
-    if served_name:
-        argv += ["--served-model-name", served_name]
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv + list(extra))
-    args.disable_log_stats = False  # per-request timing needs the engine's stats
-    return args
-
-
-def start_engine(args: Namespace, stat_loggers: list) -> object:
-    """Create the `AsyncLLM` (its engine core runs in a child process)."""
-    # vLLM's CPU platform lets this legacy variable override an explicit
-    # --kv-cache-memory-bytes, so it is only a default when that flag is absent.
-    if getattr(args, "kv_cache_memory_bytes", None) is None:
-        for key, value in CPU_ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
-
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    return AsyncLLM.from_vllm_config(
-        config, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers,
-        disable_log_stats=False, enable_log_requests=engine_args.enable_log_requests)
 
 
 def engine_hang_s() -> float:
@@ -174,7 +137,7 @@ class ObservedEngine:
         for proc in self._live_processes():
             try:
                 proc.kill()
-                log.warning("killed engine process %d (%s)", proc.pid, _name(proc))
+                log.warning("killed engine process %d (%s)", proc.pid, name_of(proc))
             except psutil.Error:
                 pass
 
@@ -189,16 +152,16 @@ class ObservedEngine:
             self._engine.shutdown(*args, **kwargs)
         finally:
             self._fail_in_flight()
-            alive = _wait_gone(self._live_processes(),
-                               FAILED_REAP_WAIT_S if failed else REAP_WAIT_S)
-            for proc in alive:
+            survivors = wait_gone(self._live_processes(),
+                                  FAILED_REAP_WAIT_S if failed else REAP_WAIT_S)
+            for proc in survivors:
                 log.warning("engine process %d (%s) outlived shutdown; killing it",
-                            proc.pid, _name(proc))
+                            proc.pid, name_of(proc))
                 try:
                     proc.kill()
                 except psutil.Error:
                     pass
-            _wait_gone(alive, REAP_WAIT_S)
+            wait_gone(survivors, REAP_WAIT_S)
 
     def _fail_in_flight(self) -> None:
         """Every engine request still waiting for output gets `EngineDeadError`."""
@@ -219,7 +182,7 @@ class ObservedEngine:
                 found.update((c.pid, c) for c in proc.children(recursive=True))
             except psutil.Error:
                 pass
-        return [p for p in found.values() if _alive(p)]
+        return [p for p in found.values() if alive(p)]
 
     def _failed(self, rec: RequestRecord, exc: BaseException) -> None:
         """An engine request ended in `exc`: if the engine itself failed, the request
@@ -271,46 +234,6 @@ class ObservedEngine:
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 _absorb(rec, last, tokens, self._clock)
-
-
-def engine_processes(engine) -> list:
-    """The engine core processes of an `AsyncLLM` and their workers; empty for an
-    engine without local processes."""
-    core = getattr(engine, "engine_core", None)
-    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
-    found = []
-    for proc in getattr(manager, "processes", None) or ():
-        try:
-            root = psutil.Process(proc.pid)
-            found += [root, *root.children(recursive=True)]
-        except (psutil.Error, TypeError, ValueError):
-            pass
-    return found
-
-
-def _wait_gone(procs: list, timeout_s: float) -> list:
-    """Wait until `procs` are gone (a zombie counts: its parent reaps it, and
-    reaping it here would confuse `multiprocessing`); the ones still alive."""
-    deadline = time.monotonic() + timeout_s
-    procs = [p for p in procs if _alive(p)]
-    while procs and time.monotonic() < deadline:
-        time.sleep(0.05)
-        procs = [p for p in procs if _alive(p)]
-    return procs
-
-
-def _alive(proc) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _name(proc) -> str:
-    try:
-        return proc.name()
-    except psutil.Error:
-        return "?"
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

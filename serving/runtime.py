@@ -23,7 +23,8 @@ from observe.tracing import RequestSpans, create_tracer_provider
 from serving.admin import resolve_admin_token
 from serving.admission import Admission
 from serving.config import ServerConfig
-from serving.engine import ObservedEngine, start_engine, vllm_namespace
+from serving.engine import ObservedEngine
+from serving.engine_setup import start_engine, vllm_namespace
 from serving.engine_stats import EngineSecond, stat_logger_factory
 from serving.errors import ApiError
 from serving.faults import FaultInjector

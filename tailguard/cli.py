@@ -23,6 +23,10 @@ class Group(click.Group):
     """Click group whose usage errors are one line and exit code 2."""
 
     def main(self, args=None, prog_name=None, **kwargs):
+        if args is None and sys.argv[1:2] == ["serve"]:  # a real command line, not a test
+            from serving.allocator import reexec_with_tcmalloc
+
+            reexec_with_tcmalloc(sys.argv[1:])
         try:
             rv = super().main(args=args, prog_name=prog_name or "tailguard",
                               standalone_mode=False, **kwargs)

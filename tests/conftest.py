@@ -76,12 +76,25 @@ def _wait_ready(server: Server) -> None:
 
 
 def stop_server(server: Server) -> None:
+    """SIGTERM (the server stops its engine), then make sure no engine process of
+    this server outlives it, whatever state it was left in."""
+    import psutil
+
+    try:
+        engines = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        engines = []
     server.process.terminate()
     try:
         server.process.wait(timeout=60)
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+    for process in engines:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 @pytest.fixture(scope="session")

@@ -5,11 +5,8 @@ windows, latency targets (Python against their SQL in DuckDB), budgets and burn 
 over generated request rows in a real DuckDB trace-log file against a brute-force
 count, and the spec parser on arbitrary and mutated documents.
 
-Known bugs found by these properties are pinned by the `xfail(strict=True)` tests at
-the end of the file (bugs 1-7 in the comments), and the properties tolerate exactly
-those failures (`_known_parser_bug`, `check_parsed`, `_sql_runs`); once a bug is fixed
-its xfail test XPASSes, which fails the run: delete the test's marker and the matching
-tolerance.
+The bugs these properties found (bugs 1-7 in the comments) are fixed; each keeps a
+plain regression test at the end of the file, and the properties tolerate none of them.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-import traceback
 from datetime import datetime, timedelta, timezone
 from fractions import Fraction
 from importlib import resources
@@ -26,7 +22,7 @@ from pathlib import Path
 import duckdb
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from observe.registry import (
@@ -255,7 +251,6 @@ def test_context_target_shape(target, ctx):
 @given(target=targets, ctxs=st.lists(contexts, min_size=1, max_size=20))
 def test_target_sql_equals_python(target, ctxs):
     """Budgets computed in DuckDB judge exactly as the server did, to the bit."""
-    assume(_sql_runs(target))  # bug 7: test_bug_one_open_step_table_sql_runs
     sql = "SELECT " + ", ".join(target.sql(str(c)) for c in ctxs)
     got = SQL.execute(sql).fetchone()
     assert list(got) == [target(c) for c in ctxs]
@@ -384,22 +379,6 @@ keys = st.one_of(st.sampled_from(VOCAB), st.text(max_size=8), st.integers(-3, 3)
 values = st.recursive(scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(keys, inner, max_size=6)), max_leaves=25)
 
-_OPENSLO_SHAPE_ERRORS = (IndexError, AttributeError, TypeError, KeyError)
-
-
-def _known_parser_bug(exc: BaseException) -> bool:
-    """The parser failures already reported (see the xfail tests at the end)."""
-    last = traceback.extract_tb(exc.__traceback__)[-1]
-    if isinstance(exc, yaml.YAMLError):  # an unknown tag, an unhashable key: bug 1
-        return True
-    if isinstance(exc, OverflowError) and last.name == "_table_step":  # .inf bound: bug 2
-        return True
-    if isinstance(exc, _OPENSLO_SHAPE_ERRORS) and any(  # an odd OpenSLO shape: bug 3
-            f.filename.endswith("openslo.py") for f in traceback.extract_tb(exc.__traceback__)):
-        return True
-    return False
-
-
 def parse_or_refuse(text: str) -> SLOSpec | None:
     """parse_spec's contract: an SLOSpec, or a ValueError (SpecError) naming the problem."""
     try:
@@ -407,30 +386,11 @@ def parse_or_refuse(text: str) -> SLOSpec | None:
     except ValueError as exc:
         assert str(exc)
         return None
-    except Exception as exc:
-        if _known_parser_bug(exc):
-            return None
-        raise
     check_parsed(spec)
     return spec
 
 
 PROBE_CONTEXTS = (0, 1, 1023, 1024, 1025, 4096, 4097, 10**6)
-
-
-def _sql_runs(target) -> bool:
-    """False for the targets whose SQL is known not to run: bug 6 (non-finite numbers)
-    and bug 7 (a table of one open step renders `CASE ELSE x END`)."""
-    if isinstance(target, TableTarget) and all(b is None for b, _ in target.steps):
-        return False
-    return _finite(target)
-
-
-def _finite(target) -> bool:
-    numbers = [getattr(target, f) for f in ("short_base_s", "long_base_s",
-                                           "breakpoint_tokens", "seconds") if hasattr(target, f)]
-    numbers += [x for step in getattr(target, "steps", ()) for x in step if x is not None]
-    return all(math.isfinite(x) for x in numbers)
 
 
 def check_parsed(spec: SLOSpec) -> None:
@@ -442,12 +402,9 @@ def check_parsed(spec: SLOSpec) -> None:
         assert 0 < slo.objective < 1
         assert isinstance(slo.window_s, int) and slo.window_s > 0 and slo.window_s % 60 == 0
         assert (slo.target is None) == (slo.sli in EVENT_SLIS)
-        if not NAME_RULE.fullmatch(slo.name):  # known: bug 4 (a trailing newline) and
-            # bug 5 (OpenSLO names skip the rule)
-            assert (slo.name.endswith("\n") and NAME_RULE.fullmatch(slo.name[:-1])
-                    or re.fullmatch(r"[a-z0-9_]*", slo.name)), slo.name
+        assert NAME_RULE.fullmatch(slo.name), slo.name  # bugs 4 and 5
         target = slo.target
-        if target is not None and _sql_runs(target):  # known: bugs 6 and 7
+        if target is not None:
             values = [target(c) for c in PROBE_CONTEXTS]
             assert all(0 < a <= b for a, b in zip(values, values[1:])), values
             sql = "SELECT " + ", ".join(target.sql(str(c)) for c in PROBE_CONTEXTS)
@@ -617,7 +574,6 @@ def brute_force(spec: SLOSpec, rows: list[dict]):
 @settings(FAST, max_examples=60)
 @given(data=st.data(), spec=specs(windows=budget_windows, max_slos=4))
 def test_budgets_over_a_real_trace_log_match_a_brute_force_count(tracelog, data, spec):
-    assume(all(_sql_runs(s.target) for s in spec.slos if s.target is not None))  # bug 7
     rows = data.draw(request_rows(spec))
     tracelog.with_writer(lambda conn: conn.execute("DELETE FROM requests"))
     for row in rows:

@@ -403,3 +403,21 @@ def test_no_secret_reaches_the_log_or_the_trace_log(guarded):
     for path in g.server.db.parent.iterdir():
         if path.name.startswith("trace.duckdb") and path.is_file() and path != g.token_file:
             assert _hits(path.read_bytes().decode("latin-1"), all_secrets) == [], path
+
+
+def test_a_token_file_others_can_read_is_used_with_a_warning(tmp_path, monkeypatch, caplog):
+    from serving.admin import resolve_admin_token
+
+    monkeypatch.delenv("TAILGUARD_ADMIN_TOKEN", raising=False)
+    path = tmp_path / "token"
+    path.write_text("s3cret-token-value\n")
+    for mode, warned in ((0o600, False), (0o640, True), (0o644, True), (0o400, False)):
+        path.chmod(mode)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="tailguard"):
+            assert resolve_admin_token(str(tmp_path / "t.duckdb"), str(path)) == (
+                "s3cret-token-value", str(path))
+        messages = [r.getMessage() for r in caplog.records]
+        assert bool(messages) is warned, (oct(mode), messages)
+        if warned:
+            assert f"mode {mode:04o}" in messages[0] and "s3cret" not in messages[0]

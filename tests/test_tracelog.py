@@ -21,7 +21,13 @@ from observe.query import (
     query_file,
 )
 from observe.schema import REQUESTS, TABLES, create_schema
-from observe.tracelog import FLUSH_INTERVAL_ENV, TraceLog, TraceLogConfig
+from observe.tracelog import (
+    DEFAULT_MEMORY_LIMIT,
+    FLUSH_INTERVAL_ENV,
+    MEMORY_LIMIT_ENV,
+    TraceLog,
+    TraceLogConfig,
+)
 
 UTC = timezone.utc
 ARRIVAL = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
@@ -185,6 +191,37 @@ def test_flush_interval_comes_from_argument_then_environment_then_default(monkey
         TraceLogConfig()
     with pytest.raises(ValueError, match="max_pending_rows must be > 0"):
         TraceLogConfig(flush_interval_s=1.0, max_pending_rows=0)
+
+
+@pytest.mark.parametrize(("argument", "env", "applied"), [
+    (None, None, "488.2 MiB"),  # the default, 512MB (DuckDB shows MiB)
+    (None, "64MB", "61.0 MiB"),
+    ("1GiB", "64MB", "1.0 GiB"),  # the argument wins
+])
+def test_the_writer_memory_limit_comes_from_argument_then_environment_then_default(
+        db_path, monkeypatch, argument, env, applied):
+    assert DEFAULT_MEMORY_LIMIT == "512MB"
+    if env is None:
+        monkeypatch.delenv(MEMORY_LIMIT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(MEMORY_LIMIT_ENV, env)
+    with TraceLog(db_path, memory_limit=argument) as log:
+        assert log.query("SELECT current_setting('memory_limit')").rows == [(applied,)]
+
+
+@pytest.mark.parametrize("bad", ["lots", "512", "-1GB", "1 PB", ""])
+def test_a_bad_memory_limit_is_a_value_error(bad):
+    with pytest.raises(ValueError, match="memory limit must look like 512MB"):
+        TraceLogConfig(flush_interval_s=1.0, memory_limit=bad)
+
+
+def test_a_query_bigger_than_the_memory_limit_spills_and_answers(db_path):
+    # the cap bounds the cache, not what a query may do: a sort of ~300 MB spills
+    # to the file's .tmp directory (allowed with external access off)
+    with TraceLog(db_path, memory_limit="64MB") as log:
+        result = log.query("SELECT count(*), min(x) >= 0 FROM (SELECT range, random() AS x "
+                           "FROM range(20000000) ORDER BY x)", timeout_s=120)
+        assert result.rows == [(20_000_000, True)]
 
 
 def test_rows_beyond_the_pending_limit_are_dropped_and_counted():
