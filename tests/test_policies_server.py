@@ -226,17 +226,27 @@ def test_load_trips_vip_only_truncation_and_predicted_miss_then_they_recover(gua
 
 
 def test_memory_pressure_lowers_the_concurrency_limit(guarded):
-    before = policies(guarded)["limiter"]["limit"]
     with ThreadPoolExecutor(6) as pool:
         futures = [pool.submit(complete, guarded, VIP, 1500, 200) for _ in range(6)]
         wait_for(lambda: state(guarded, "memory_pressure") == "active", timeout=60)
-        assert policies(guarded)["limiter"]["limit"] <= max(1, before // 2)
+        # One snapshot: the controller's limit and the limiter's may both move between
+        # calls (an earlier test can leave breaker L1 recovering, which lowers it more).
+        snapshot = policies(guarded)
+        controller = snapshot["policies"][-1]["limit"]
+        assert snapshot["limiter"]["limit"] <= max(1, controller // 2)
         assert all(f.result().status_code == 200 for f in futures)
     wait_for(lambda: state(guarded, "memory_pressure") == "inactive", timeout=60)
 
 
 def test_batch_control_cuts_the_limit_after_three_slow_windows(guarded):
-    limit = policies(guarded)["policies"][-1]["limit"]  # the controller's, before policies
+    # Earlier tests' load may have cut the limit already, even to the floor: reset it to
+    # the cap (force_off holds it there), hand control back, and count only new cuts.
+    assert override(guarded, "batch_control", "force_off", "reset").status_code == 200
+    wait_for(lambda: policies(guarded)["policies"][-1]["limit"] == 64, timeout=10)
+    cuts = ("SELECT count(*) AS n FROM policy_events WHERE policy = 'batch_control' "
+            "AND reason LIKE 'TTFT P99%' AND from_state <> to_state")
+    cuts_before = guarded.sql(cuts)[0]["n"]
+    assert override(guarded, "batch_control", "auto", "reset done").status_code == 200
     fault(guarded, "slow", delay_s=0.4)
     try:
         stop = threading.Event()
@@ -248,15 +258,13 @@ def test_batch_control_cuts_the_limit_after_three_slow_windows(guarded):
         threads = [threading.Thread(target=trickle) for _ in range(2)]
         for t in threads:
             t.start()
-        wait_for(lambda: any(r["to_state"] != r["from_state"] for r in guarded.sql(
-            "SELECT from_state, to_state FROM policy_events WHERE policy = 'batch_control'"
-            " AND reason LIKE 'TTFT P99%'")), timeout=60)
+        wait_for(lambda: guarded.sql(cuts)[0]["n"] > cuts_before, timeout=60)
     finally:
         stop.set()
         for t in threads:
             t.join()
         fault(guarded, "none")
-    assert policies(guarded)["policies"][-1]["limit"] < limit or limit == 8
+    assert policies(guarded)["policies"][-1]["limit"] < 64
 
 
 def test_breaker_l2_restarts_the_engine_and_recovers(guarded):
