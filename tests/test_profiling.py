@@ -121,7 +121,9 @@ def test_root_spans_get_a_profile_id_that_tags_their_samples(pushed):
     assert child["root"]["pyroscope.profile.id"] == child["root_id"]
     assert "pyroscope.profile.id" not in child["child"]
     linked = receiver.samples(span_id=child["root_id"], span_name="llm.request")
-    assert linked and {s.labels["phase"] for s in linked} == {"prefill"}
+    # The span is current a little before and after its phase tag, so a busy machine
+    # can sample it there: such samples carry the span but no phase.
+    assert {s.labels.get("phase") for s in linked} - {None} == {"prefill"}
 
 
 OFF_CHILD = textwrap.dedent("""
