@@ -23,7 +23,7 @@ from dataclasses import replace
 import psutil
 
 from observe.stats import EngineTimes, RequestRecord, WallClock
-from serving.engine_procs import alive, engine_processes, name_of, wait_gone
+from serving.engine_procs import alive, engine_processes, kill_all, wait_gone
 from serving.errors import ApiError
 from serving.steps import StepLedger
 
@@ -120,7 +120,7 @@ class ObservedEngine:
         self.fault = ENGINE_HUNG
         log.error("engine hung: %d request(s) unfinished and no engine progress for %.1f s; "
                   "killing the engine core", pending, stalled)
-        self.kill()
+        self.kill("engine hung")
         self._fail_in_flight()  # vLLM would notice the death too, but not at once
         return True
 
@@ -132,14 +132,9 @@ class ObservedEngine:
         except Exception:
             return self.in_flight
 
-    def kill(self) -> None:
+    def kill(self, why: str = "killed on request") -> None:
         """SIGKILL the engine core and its workers (a stopped process dies too)."""
-        for proc in self._live_processes():
-            try:
-                proc.kill()
-                log.warning("killed engine process %d (%s)", proc.pid, name_of(proc))
-            except psutil.Error:
-                pass
+        kill_all(self._live_processes(), why)
 
     def shutdown(self, *args, **kwargs) -> None:
         """vLLM's shutdown, then fail the requests still in flight (vLLM's shutdown
@@ -154,13 +149,7 @@ class ObservedEngine:
             self._fail_in_flight()
             survivors = wait_gone(self._live_processes(),
                                   FAILED_REAP_WAIT_S if failed else REAP_WAIT_S)
-            for proc in survivors:
-                log.warning("engine process %d (%s) outlived shutdown; killing it",
-                            proc.pid, name_of(proc))
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
+            kill_all(survivors, "it outlived shutdown")
             wait_gone(survivors, REAP_WAIT_S)
 
     def _fail_in_flight(self) -> None:

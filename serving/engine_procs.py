@@ -3,9 +3,12 @@ for them to go, naming them in logs."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import psutil
+
+log = logging.getLogger("tailguard")
 
 
 def engine_processes(engine) -> list:
@@ -32,6 +35,16 @@ def wait_gone(procs: list, timeout_s: float) -> list:
         time.sleep(0.05)
         procs = [p for p in procs if alive(p)]
     return procs
+
+
+def kill_all(procs: list, why: str) -> None:
+    """SIGKILL each of `procs` (a stopped process dies too), logging each by name."""
+    for proc in procs:
+        try:
+            proc.kill()
+            log.warning("killed engine process %d (%s): %s", proc.pid, name_of(proc), why)
+        except psutil.Error:
+            pass
 
 
 def alive(proc) -> bool:
