@@ -80,6 +80,8 @@ def stop_server(server: Server) -> None:
     this server outlives it, whatever state it was left in."""
     import psutil
 
+    from serving.engine_procs import alive, kill_all
+
     try:
         engines = psutil.Process(server.process.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -90,11 +92,7 @@ def stop_server(server: Server) -> None:
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
-    for process in engines:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_all([p for p in engines if alive(p)], "it outlived its test server")
 
 
 @pytest.fixture(scope="session")
