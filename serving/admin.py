@@ -1,76 +1,24 @@
 """Admin API (`/admin/*`): bearer-token access and the read-only SQL endpoint.
 
-The token resolves `TAILGUARD_ADMIN_TOKEN` -> `--admin-token-file` -> a token
-generated on first start into a 0600 file beside the trace DB (path printed).
+The token and its check live in `serving.admin_auth`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import os
-import secrets
-from pathlib import Path
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from observe.query import QueryError
-from serving.config import ENV_ADMIN_TOKEN
+from serving.admin_auth import admin_router
 from serving.errors import ApiError
 
 log = logging.getLogger("tailguard")
 
-TOKEN_FILE_SUFFIX = ".admin-token"
 DEFAULT_QUERY_ROWS = 10_000
 MAX_QUERY_ROWS = 100_000  # a bound on what one answer holds in the server's memory
-
-
-def default_token_file(db: str) -> Path:
-    base = Path(db) if db != ":memory:" else Path.cwd() / "tailguard"
-    return base.with_name(base.name + TOKEN_FILE_SUFFIX)
-
-
-def resolve_admin_token(db: str, token_file: str | None) -> tuple[str, str]:
-    """(token, where it came from)."""
-    if os.environ.get(ENV_ADMIN_TOKEN):
-        return os.environ[ENV_ADMIN_TOKEN], f"${ENV_ADMIN_TOKEN}"
-    path = Path(token_file) if token_file else default_token_file(db)
-    if path.is_file():
-        _warn_if_shared(path)
-        return path.read_text().strip(), str(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token, str(path)
-
-
-def _warn_if_shared(path: Path) -> None:
-    """A token file others can read is used (a Kubernetes secret volume is 0644 by
-    default), but said loudly."""
-    mode = path.stat().st_mode & 0o777
-    if mode & 0o077:
-        log.warning("admin token file %s is readable by others (mode %04o); "
-                    "chmod 600 it", path, mode)
-
-
-def check_token(request: Request, token: str) -> None:
-    given = request.headers.get("authorization", "")
-    scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
-        raise ApiError(401, "unauthorized", "admin API needs 'Authorization: Bearer <token>'")
-
-
-def admin_router(runtime) -> APIRouter:
-    """An `/admin` router whose every route needs the runtime's admin token."""
-
-    def require_token(request: Request) -> None:
-        check_token(request, runtime.admin_token)
-
-    return APIRouter(prefix="/admin", dependencies=[Depends(require_token)])
 
 
 def create_admin_router(runtime) -> APIRouter:

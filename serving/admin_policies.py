@@ -15,7 +15,8 @@ import dataclasses
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from serving.admin import admin_router, jsonable
+from serving.admin import jsonable
+from serving.admin_auth import admin_router
 from serving.errors import ApiError
 from slo.policy import MODES
 

@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from serving.admin import default_token_file
+from serving.admin_auth import default_token_file
 from serving.config import ENV_ADMIN_TOKEN
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "dashboards" / "console" / "app.py"

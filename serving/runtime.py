@@ -20,7 +20,7 @@ from observe.otlp import create_otlp_metric_reader, create_otlp_span_processor
 from observe.stats import WallClock
 from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
-from serving.admin import resolve_admin_token
+from serving.admin_auth import resolve_admin_token
 from serving.admission import Admission
 from serving.config import ServerConfig
 from serving.engine import ObservedEngine

@@ -102,9 +102,13 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             profile_server=profile_server, vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
+    from serving.admin_auth import AdminTokenError
     from serving.server import run
 
-    run(config)
+    try:
+        run(config)
+    except AdminTokenError as exc:  # refused before anything starts: no open admin API
+        raise click.UsageError(str(exc))
 
 
 def _embedded_model():
