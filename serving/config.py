@@ -12,6 +12,8 @@ from pathlib import Path
 
 from observe.archive import ArchiveConfig, instance_name
 from observe.otlp import ENV_ENDPOINT, OtlpConfig, otlp_config_from
+from serving.http_limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S,
+                                 DEFAULT_KEEP_ALIVE_S, HttpLimits, default_max_connections)
 from serving.keys import KeyRing, load_keys
 from serving.profiling import ProfilingConfig, profiling_config_from
 from slo import modelfile
@@ -23,13 +25,24 @@ ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"
 ENV_FLUSH_S = "TAILGUARD_TRACE_FLUSH_S"
 ENV_MAX_BODY = "TAILGUARD_MAX_BODY_BYTES"
 ENV_MAX_N = "TAILGUARD_MAX_N"
+ENV_MAX_SEQUENCES = "TAILGUARD_MAX_SEQUENCES"
+ENV_MAX_CLIENT_SEQUENCES = "TAILGUARD_MAX_CLIENT_SEQUENCES"
+ENV_WRITE_TIMEOUT_S = "TAILGUARD_STREAM_WRITE_TIMEOUT_S"
 ENV_MODEL_DIR = "TAILGUARD_MODEL_DIR"
 ENV_RETRAIN_S = "TAILGUARD_RETRAIN_S"
 ENV_RESELECT_S = "TAILGUARD_FORECAST_RESELECT_S"
+ENV_FORWARDED_ALLOW_IPS = "TAILGUARD_FORWARDED_ALLOW_IPS"  # trust X-Forwarded-For from these
+ENV_HEADER_TIMEOUT_S = "TAILGUARD_HTTP_HEADER_TIMEOUT_S"
+ENV_BODY_TIMEOUT_S = "TAILGUARD_HTTP_BODY_TIMEOUT_S"
+ENV_KEEP_ALIVE_S = "TAILGUARD_HTTP_KEEP_ALIVE_S"
+ENV_MAX_CONNECTIONS = "TAILGUARD_HTTP_MAX_CONNECTIONS"
 
 DEFAULT_DB = "tailguard.duckdb"
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_MAX_N = 8
+DEFAULT_MAX_SEQUENCES = 64  # prompts x n of one request
+DEFAULT_MAX_CLIENT_SEQUENCES = 128  # in flight per client; 0: no per-client bound
+DEFAULT_WRITE_TIMEOUT_S = 30.0  # one stream write; a client reading nothing is cut
 DEFAULT_RETRAIN_S = 600.0
 DEFAULT_RESELECT_S = 1800.0
 
@@ -55,6 +68,9 @@ class ServerConfig:
     flush_interval_s: float | None = None
     max_body_bytes: int | None = None
     max_n: int | None = None
+    max_sequences: int | None = None
+    max_client_sequences: int | None = None
+    stream_write_timeout_s: float | None = None
     slo_file: str | None = None
     model_dir: str | None = None  # trained predictor/forecaster; default beside the DB
     retrain_interval_s: float | None = None  # 0 turns retraining off
@@ -62,6 +78,8 @@ class ServerConfig:
     keys_file: str | None = None  # API keys -> tiers; without it every client is realtime
     policy_file: str | None = None  # YAML of PolicyConfig fields overriding SPEC defaults
     enable_fault_injection: bool = False  # PUT /admin/faults (tests, drills)
+    forwarded_allow_ips: str | None = None  # proxies whose X-Forwarded-For counts; None: none
+    http_limits: HttpLimits | None = None  # connection deadlines and cap; None: env, defaults
     otlp_endpoint: str | None = None  # OTLP collector; else $OTEL_EXPORTER_OTLP_ENDPOINT
     otlp_protocol: str | None = None  # http/protobuf (default) or grpc
     otlp: OtlpConfig | None = field(init=False)
@@ -86,10 +104,14 @@ class ServerConfig:
         self.otlp = otlp_config_from(self.otlp_endpoint, self.otlp_protocol)
         self.archive = self._archive_config()
         self.profiling = profiling_config_from(self.profile_server)
+        self.forwarded_allow_ips = (self.forwarded_allow_ips
+                                    or _env(ENV_FORWARDED_ALLOW_IPS, None))
+        self.http_limits = self.http_limits or http_limits_from_env()
         self.db = self.db or _env(ENV_DB, DEFAULT_DB)
         self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
         self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
         self.max_n = self.max_n or _env(ENV_MAX_N, DEFAULT_MAX_N, int)
+        self._resolve_client_bounds()
         self.model_dir = self.model_dir or _env(ENV_MODEL_DIR,
                                                 str(modelfile.default_dir(self.db)))
         if self.retrain_interval_s is None:
@@ -109,6 +131,20 @@ class ServerConfig:
             raise ValueError("max_n must be at least 1")
         if self.retrain_interval_s < 0 or self.reselect_interval_s < 0:
             raise ValueError("retrain and reselect intervals must be >= 0 (0: never)")
+
+    def _resolve_client_bounds(self) -> None:
+        """What one request and one client may hold: sequences, and a stream's writes."""
+        self.max_sequences = self.max_sequences or _env(ENV_MAX_SEQUENCES,
+                                                        DEFAULT_MAX_SEQUENCES, int)
+        if self.max_client_sequences is None:
+            self.max_client_sequences = _env(ENV_MAX_CLIENT_SEQUENCES,
+                                             DEFAULT_MAX_CLIENT_SEQUENCES, int)
+        self.stream_write_timeout_s = self.stream_write_timeout_s or _env(
+            ENV_WRITE_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, float)
+        if self.max_sequences < 1 or self.max_client_sequences < 0:
+            raise ValueError("max_sequences must be >= 1 and max_client_sequences >= 0")
+        if not 0 < self.stream_write_timeout_s <= 3600:
+            raise ValueError("stream_write_timeout_s must be in (0, 3600]")
 
     def _archive_config(self) -> ArchiveConfig | None:
         """Retention defaults to the longest SLO window: the budget math reads the DB."""
@@ -132,6 +168,15 @@ class ServerConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model
+
+
+def http_limits_from_env() -> HttpLimits:
+    """Connection deadlines and cap (serving.http_limits), each from its variable."""
+    return HttpLimits(
+        header_timeout_s=_env(ENV_HEADER_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, float),
+        body_timeout_s=_env(ENV_BODY_TIMEOUT_S, DEFAULT_BODY_TIMEOUT_S, float),
+        keep_alive_s=_env(ENV_KEEP_ALIVE_S, DEFAULT_KEEP_ALIVE_S, float),
+        max_connections=_env(ENV_MAX_CONNECTIONS, default_max_connections(), int))
 
 
 def load_policy_config(path: str | None) -> PolicyConfig:

@@ -13,6 +13,7 @@ each request in flight carries an `engine_dead`/`engine_hung` 503 for the HTTP l
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import os
@@ -89,6 +90,7 @@ class ObservedEngine:
         self._progress_at = time.monotonic()
         self._steps_seen = ledger.steps_seen
         self._processes = engine_processes(engine)
+        self._pumps: dict[str, set[asyncio.Task]] = {}  # HTTP request id -> its pumps
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -183,6 +185,9 @@ class ObservedEngine:
 
     async def generate(self, prompt, sampling_params, request_id: str,
                        *args, **kwargs) -> AsyncIterator:
+        """The engine's outputs, through a pump task that reads them as the engine
+        makes them: the request's engine slot is given back when the engine is done
+        with it, however slowly (or never) the client reads its stream."""
         rec = current_request.get()
         if rec is None:
             async for out in self._engine.generate(prompt, sampling_params, request_id,
@@ -191,19 +196,65 @@ class ObservedEngine:
             return
         rec.max_tokens = getattr(sampling_params, "max_tokens", rec.max_tokens)
         prompt_tokens = _prompt_length(prompt)
-        admission = self._admission
-        if admission is not None:  # may wait for a slot, truncate, or refuse
-            prompt, prompt_tokens = await admission.admit(rec, prompt, prompt_tokens,
-                                                          rec.max_tokens)
+        if self._admission is not None:  # may wait for a slot, truncate, or refuse
+            prompt, prompt_tokens = await self._admission.admit(rec, prompt, prompt_tokens,
+                                                                rec.max_tokens)
+        from vllm.v1.engine.output_processor import RequestOutputCollector
+
+        # vLLM's own mailbox: deltas merge while the reader lags, so an unread
+        # stream holds one merged output, not one object per token.
+        mailbox = RequestOutputCollector(sampling_params.output_kind, request_id)
+        pump = asyncio.create_task(self._pump(rec, (prompt, sampling_params, request_id,
+                                                    *args), kwargs, prompt_tokens, mailbox))
+        self._watch_pump(rec.request_id, pump)
+        finished = False
+        try:
+            while not finished:
+                try:
+                    out = await mailbox.get()
+                except _PumpEnded:
+                    break
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # the reader left early: abort the engine request
+                pump.cancel()
+            await asyncio.wait([pump])  # its clean-up is done when we return
+
+    def _watch_pump(self, owner: str, pump: asyncio.Task) -> None:
+        pumps = self._pumps.setdefault(owner, set())
+        pumps.add(pump)
+
+        def forget(done: asyncio.Task) -> None:
+            pumps.discard(done)
+            if not pumps and self._pumps.get(owner) is pumps:
+                del self._pumps[owner]
+
+        pump.add_done_callback(forget)
+
+    async def settle(self, owner: str, timeout_s: float = 5.0) -> None:
+        """End every engine request of HTTP request `owner` that still runs (its client
+        left) and wait for their clean-up, so its record is complete before it is
+        finished. vLLM closes a multi-prompt request's generators without waiting."""
+        pumps = self._pumps.pop(owner, set())
+        for pump in pumps:
+            pump.cancel()
+        if pumps:
+            await asyncio.wait(pumps, timeout=timeout_s)
+
+    async def _pump(self, rec: RequestRecord, call: tuple, kwargs: dict, prompt_tokens: int,
+                    mailbox) -> None:
+        """Drain one engine request into `mailbox`; on its end (finished, failed or
+        aborted) free its slot, untrack its steps and add its outcome to the record."""
+        request_id, admission = call[2], self._admission
         self._ledger.track(request_id, rec.tally, rec.request_id)
-        deltas = _is_delta(sampling_params)
+        deltas = _is_delta(call[1])
         last, tokens, pending = None, 0, admission is not None
         if self.in_flight == 0:
             self._progress_at = time.monotonic()  # the watchdog's clock starts now
         self.in_flight += 1
         try:
-            async for last in self._engine.generate(prompt, sampling_params, request_id,
-                                                    *args, **kwargs):
+            async for last in self._engine.generate(*call, **kwargs):
                 self._progress_at = time.monotonic()
                 new = sum(len(o.token_ids) for o in last.outputs)
                 if new and rec.first_token is None:
@@ -212,10 +263,12 @@ class ObservedEngine:
                     pending = False
                     admission.first_token(prompt_tokens)
                 tokens = tokens + new if deltas else new
-                yield last
+                mailbox.put(last)
+            if last is None or not last.finished:
+                mailbox.put(_PumpEnded())
         except Exception as exc:
             self._failed(rec, exc)
-            raise
+            mailbox.put(exc)
         finally:
             self.in_flight -= 1
             if admission is not None:
@@ -223,6 +276,11 @@ class ObservedEngine:
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 _absorb(rec, last, tokens, self._clock)
+
+
+class _PumpEnded(Exception):
+    """The engine's output ended without a finished output (put as an exception, so it
+    replaces nothing the reader still needs: there is nothing after it)."""
 
 
 def _is_engine_dead(exc: BaseException) -> bool:

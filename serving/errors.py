@@ -13,7 +13,7 @@ from observe import registry as R
 # OpenAI's `error.type` per HTTP status.
 _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-    413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
     499: "client_closed_request", 503: "service_unavailable", 500: "server_error",
 }
 
@@ -53,7 +53,10 @@ class ApiError(Exception):
 def from_vllm_validation(exc) -> ApiError:
     """`VLLMValidationError`/`ValueError` raised by vLLM's serving code -> 400."""
     param = getattr(exc, "parameter", None)
-    return ApiError(400, _PARAMETER_TYPES.get(param, "invalid_request"), str(exc), param)
+    error_type = _PARAMETER_TYPES.get(param, "invalid_request")
+    if param == "prompt" and "exceeds the maximum" in str(exc):
+        error_type = "too_many_prompts"  # vLLM's list cap: not an empty prompt
+    return ApiError(400, error_type, str(exc), param)
 
 
 def from_exception(exc: Exception) -> ApiError:

@@ -7,21 +7,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
+from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from observe import registry as R
 from serving.engine import current_request
 from serving.errors import ApiError, from_exception, from_validation, from_vllm_response
+from serving.streaming import (
+    CLIENT_CLOSED,
+    TimedStreamingResponse,
+    observed_stream,
+    prepend,
+    settle,
+)
 
 log = logging.getLogger(__name__)
-CLIENT_CLOSED = 499  # nginx's code for "client closed request"
-STREAM_ERROR_PREFIX = 'data: {"error"'  # how vLLM reports a failure inside a started stream
 
 
 class ClientGone(Exception):
@@ -44,21 +49,24 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
         if not runtime.ready:
             raise ApiError(503, "engine_not_ready", "the engine is not ready",
                            headers={"Retry-After": "5"})
-        runtime.identify(rec, raw.headers)
+        client = runtime.identify(rec, raw.headers, raw.client.host if raw.client else None)
         serving = getattr(runtime.handle, endpoint.serving)
         body = await _read_json(raw, runtime.config.max_body_bytes)
         request = _parse(endpoint.request_cls, body)
         rec.model, rec.stream = request.model or runtime.config.model_name, bool(request.stream)
         _check_limits(request, runtime.config.max_n)
+        runtime.quota.take(rec, client, request)
         runtime.admission.check_http(rec, request)
         result = await _until_disconnect(raw, _start(serving, endpoint.handler, request, raw,
                                                      rec))
     except ApiError as exc:
         rec.fail(exc.status, exc.error_type, exc.message, exc.outcome)
+        await settle(runtime, rec)  # a refused prompt of several: the others end too
         runtime.observer.finish(rec, span)
         return _with_id(exc.response(), rec)
     except ClientGone:
         rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", R.STATUS_ABORTED)
+        await settle(runtime, rec)
         runtime.observer.finish(rec, span)
         return None
     except Exception as exc:  # a bug of ours: still a row, still a JSON answer
@@ -68,8 +76,10 @@ async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
         runtime.observer.finish(rec, span)
         return _with_id(error.response(), rec)
     if isinstance(result, AsyncIterator):
-        stream = _observed_stream(result, rec, span, runtime)
-        return _with_id(StreamingResponse(stream, media_type="text/event-stream"), rec)
+        stream = observed_stream(result, rec, span, runtime)
+        return _with_id(TimedStreamingResponse(
+            stream, runtime.config.stream_write_timeout_s, rec,
+            media_type="text/event-stream"), rec)
     runtime.observer.finish(rec, span)
     return _with_id(JSONResponse(result.model_dump()), rec)
 
@@ -92,7 +102,7 @@ async def _start(serving, handler: str, request, raw: Request, rec):
         result = await getattr(serving, handler)(request, raw)
         if isinstance(result, AsyncIterator):
             first = await anext(result, None)
-            result = _prepend(first, result)
+            result = prepend(first, result)
     except Exception as exc:
         raise rec.refusal or from_exception(exc) from None
     if rec.refusal is not None:
@@ -102,49 +112,6 @@ async def _start(serving, handler: str, request, raw: Request, rec):
     if isinstance(result, ErrorResponse):
         raise from_vllm_response(result)
     return result
-
-
-async def _prepend(first, rest: AsyncIterator):
-    if first is not None:
-        yield first
-    async for chunk in rest:
-        yield chunk
-
-
-async def _observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
-    """Pass vLLM's SSE chunks through; finish the record when the stream ends."""
-    current_request.set(rec)  # this generator runs in the response task's context
-    try:
-        async for chunk in chunks:
-            if chunk.startswith(STREAM_ERROR_PREFIX):
-                chunk = _stream_error(rec, chunk)
-            yield chunk
-    except (asyncio.CancelledError, GeneratorExit):
-        rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away mid-stream",
-                 R.STATUS_ABORTED)
-        raise
-    finally:
-        rec.end = time.monotonic()
-        runtime.observer.finish(rec, span)
-
-
-def _stream_error(rec, chunk: str) -> str:
-    """vLLM reports a failure inside a started stream as an error event; the event to
-    send instead (ours, when we know better: the engine died or hung under it)."""
-    refusal = rec.refusal
-    if isinstance(refusal, ApiError):
-        rec.fail(refusal.status, refusal.error_type, refusal.message, refusal.outcome)
-        err = json.loads(refusal.response().body)["error"]
-        err["code"] = refusal.status  # in a stream, vLLM's convention: the HTTP status
-        return f"data: {json.dumps({'error': err})}\n\n"
-    try:
-        err = json.loads(chunk[len("data: "):])["error"]
-        status = int(err.get("code") or 500)
-    except (ValueError, KeyError, TypeError):
-        status, err = 500, {"message": chunk.strip()}
-    rec.fail(status, "engine_error" if status >= 500 else "invalid_request",
-             str(err.get("message")), R.STATUS_ERROR if status >= 500 else R.STATUS_REJECTED)
-    return chunk
 
 
 async def _until_disconnect(raw: Request, work):
@@ -170,14 +137,18 @@ async def _disconnected(raw: Request) -> None:
 
 
 async def _read_json(raw: Request, limit: int):
+    _check_media_type(raw.headers.get("content-type"))
     declared = raw.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
     body = bytearray()
-    async for part in raw.stream():
-        body += part
-        if len(body) > limit:
-            raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
+    try:
+        async for part in raw.stream():
+            body += part
+            if len(body) > limit:
+                raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
+    except ClientDisconnect:  # gone mid-upload: the client's doing, not a server error
+        raise ClientGone from None
     try:
         text = bytes(body).decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -191,6 +162,17 @@ async def _read_json(raw: Request, limit: int):
     if not isinstance(data, dict):
         raise ApiError(400, "invalid_json", "request body must be a JSON object")
     return data
+
+
+def _check_media_type(content_type: str | None) -> None:
+    """JSON, or no type at all (as vLLM's server, which parses either). A form or plain
+    text type is refused: a browser sends those cross-site without a CORS preflight."""
+    if content_type is None:
+        return
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type",
+                       f"Content-Type must be application/json, not {media or 'empty'!r}")
 
 
 def _parse(request_cls, body: dict):

@@ -25,14 +25,20 @@ class Observer:
         self.clock = clock
         self.judge = Judge(spec or load_spec())
         self.listeners: list = []  # called with each finished record (the policy engine)
+        self._open: set[str] = set()  # request ids begun and not yet finished
 
     def begin(self, endpoint: str, headers: Mapping[str, str]):
         """A record and an open `llm.request` span, stamped now."""
-        rec = RequestRecord(request_id=_request_id(headers), arrival=time.monotonic(),
+        request_id = _request_id(headers)
+        if request_id in self._open:  # the engine and step ledger key on it: keep it unique
+            request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        self._open.add(request_id)
+        rec = RequestRecord(request_id=request_id, arrival=time.monotonic(),
                             endpoint=endpoint)
         return rec, self.spans.start(rec, headers)
 
     def finish(self, rec: RequestRecord, span) -> None:
+        self._open.discard(rec.request_id)
         if rec.end is None:
             rec.end = time.monotonic()
         self._judge(rec)
@@ -53,7 +59,9 @@ class Observer:
 
 
 def _request_id(headers: Mapping[str, str]) -> str:
-    """The client's `X-Request-Id` when it sent a sane one, else a fresh id."""
+    """The client's `X-Request-Id` when it sent a sane one, else a fresh id. One that a
+    request in flight already carries gets a suffix (`begin`); the answer's
+    `X-Request-Id` names the row either way."""
     given = headers.get("x-request-id", "")
     if 0 < len(given) <= 128 and given.isprintable():
         return given

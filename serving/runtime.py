@@ -35,6 +35,7 @@ from serving.load import LoadTracker, resident_bytes
 from serving.observer import Observer
 from serving.periodic import Periodic
 from serving.prediction import PredictionService
+from serving.quota import SequenceQuota
 from serving.profiling import ENV_PROFILE_SERVER, start_profiling, stop_profiling
 from serving.steps import StepLedger
 from serving.warmup import warm_up
@@ -56,6 +57,9 @@ class EngineHandle:
 class Runtime:
     def __init__(self, config: ServerConfig):
         self.config = config
+        # first: an unusable token refuses the start before any file is opened
+        self.admin_token, self.admin_token_source = resolve_admin_token(
+            config.db, config.admin_token_file)
         self.clock = WallClock()
         self.tracelog = TraceLog(config.db, flush_interval_s=config.flush_interval_s)
         self.tracer_provider = create_tracer_provider(lambda row: self.tracelog.add("spans", row))
@@ -74,6 +78,8 @@ class Runtime:
         self.faults = FaultInjector(config.enable_fault_injection)
         self.guard = Guard(config.policies, self.tracelog, self.metrics, self.faults)
         self.observer.listeners.append(self.guard.on_request)
+        self.quota = SequenceQuota(config.max_sequences, config.max_client_sequences)
+        self.observer.listeners.append(self.quota.release)
         self.admission = Admission(self.load, self.predictor, self.guard.limiter, self.faults,
                                    self.observer.judge.ttft_target)
         self.forecast = ForecastService(self.tracelog, config.forecaster_path,
@@ -81,8 +87,6 @@ class Runtime:
                                         reselect_s=config.reselect_interval_s)
         self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
                                   self.load.on_step])
-        self.admin_token, self.admin_token_source = resolve_admin_token(
-            config.db, config.admin_token_file)
         self.handle: EngineHandle | None = None
         self.warmup: list = []
         self._ticker: asyncio.Task | None = None
@@ -103,13 +107,15 @@ class Runtime:
         dead = self.handle is not None and getattr(self.handle.engine, "errored", False)
         return dead or self.faults.failing
 
-    def identify(self, rec, headers) -> None:
-        """Priority and VIP flag from the API key (never from a header alone)."""
-        client = self.config.keys.resolve(headers.get("authorization"),
-                                          headers.get(PRIORITY_HEADER))
+    def identify(self, rec, headers, peer: str | None) -> str:
+        """Priority and VIP flag from the API key (never from a header alone); returns
+        who the client is for its quota: the key's name, else its peer address."""
+        keys = self.config.keys
+        client = keys.resolve(headers.get("authorization"), headers.get(PRIORITY_HEADER))
         if client is None:
             raise ApiError(401, "invalid_api_key", "a valid API key is required")
         rec.priority, rec.vip = client.tier, client.vip
+        return f"key:{client.name}" if keys.requires_key else f"peer:{peer or '?'}"
 
     async def start(self) -> None:
         if self.config.profiling:  # the engine core starts its own agent (step_plugin)

@@ -1,0 +1,119 @@
+"""The streamed side of a generation: vLLM's SSE chunks passed through to the client,
+failures inside a started stream reported as ours, and a write timeout for clients
+that stop reading.
+
+A stream's engine request frees its engine slot as soon as the engine is done with
+it (`ObservedEngine`'s pump), so a client that never reads holds no engine capacity;
+the write timeout then bounds how long it holds a connection and a response task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+
+from observe import registry as R
+from serving.engine import current_request
+from serving.errors import ApiError
+
+log = logging.getLogger("tailguard")
+CLIENT_CLOSED = 499  # nginx's code for "client closed request"
+STREAM_ERROR_PREFIX = 'data: {"error"'  # how vLLM reports a failure inside a started stream
+WRITE_TIMEOUT = "write_timeout"
+
+
+class StalledClient(Exception):
+    """One write to the client did not complete within the write timeout."""
+
+
+class TimedStreamingResponse(StreamingResponse):
+    """A `StreamingResponse` whose every write must complete within `write_timeout_s`.
+
+    A client that stops reading fills its TCP window and then uvicorn's `send` waits
+    forever. Past the timeout the response gives up without completing; uvicorn then
+    closes the connection (logging "returned without completing response"), and the
+    record is finished as aborted with error type `write_timeout`."""
+
+    def __init__(self, content, write_timeout_s: float, rec, **kwargs):
+        super().__init__(content, **kwargs)
+        self.write_timeout_s = write_timeout_s
+        self.rec = rec
+
+    async def __call__(self, scope, receive, send) -> None:
+        async def timed_send(message) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.write_timeout_s)
+            except asyncio.TimeoutError:
+                raise StalledClient from None
+
+        try:
+            await super().__call__(scope, receive, timed_send)
+        except StalledClient:
+            stalled(self.rec)
+            log.warning("request %s: the client read nothing for %g s; stream aborted",
+                        self.rec.request_id, self.write_timeout_s)
+        finally:
+            await self.body_iterator.aclose()  # finishes the record if not done yet
+
+
+def stalled(rec) -> None:
+    rec.fail(CLIENT_CLOSED, WRITE_TIMEOUT, "the client stopped reading the stream",
+             R.STATUS_ABORTED)
+
+
+async def prepend(first, rest: AsyncIterator):
+    if first is not None:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
+    """Pass vLLM's SSE chunks through; finish the record when the stream ends."""
+    current_request.set(rec)  # this generator runs in the response task's context
+    try:
+        async for chunk in chunks:
+            if chunk.startswith(STREAM_ERROR_PREFIX):
+                chunk = _stream_error(rec, chunk)
+            yield chunk
+    except (asyncio.CancelledError, GeneratorExit):
+        if rec.error_type is None:  # a write timeout has named the cause already
+            rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away mid-stream",
+                     R.STATUS_ABORTED)
+        raise
+    finally:
+        await chunks.aclose()  # ends the engine requests now if they still run
+        rec.end = time.monotonic()
+        await settle(runtime, rec)
+        runtime.observer.finish(rec, span)
+
+
+async def settle(runtime, rec) -> None:
+    """Every engine request of `rec` has ended and added its outcome to it."""
+    handle = runtime.handle
+    if handle is not None:
+        await handle.engine.settle(rec.request_id)
+
+
+def _stream_error(rec, chunk: str) -> str:
+    """vLLM reports a failure inside a started stream as an error event; the event to
+    send instead (ours, when we know better: the engine died or hung under it)."""
+    refusal = rec.refusal
+    if isinstance(refusal, ApiError):
+        rec.fail(refusal.status, refusal.error_type, refusal.message, refusal.outcome)
+        err = json.loads(refusal.response().body)["error"]
+        err["code"] = refusal.status  # in a stream, vLLM's convention: the HTTP status
+        return f"data: {json.dumps({'error': err})}\n\n"
+    try:
+        err = json.loads(chunk[len("data: "):])["error"]
+        status = int(err.get("code") or 500)
+    except (ValueError, KeyError, TypeError):
+        status, err = 500, {"message": chunk.strip()}
+    rec.fail(status, "engine_error" if status >= 500 else "invalid_request",
+             str(err.get("message")), R.STATUS_ERROR if status >= 500 else R.STATUS_REJECTED)
+    return chunk
