@@ -34,6 +34,15 @@ async def _body(request: Request) -> dict:
     return body
 
 
+def audit_actor(request: Request, declared) -> str:
+    """Who the audit says made a change: the peer address as the server saw it (a
+    proxy's X-Forwarded-For counts only from `--forwarded-allow-ips`), after the name
+    the caller gave, if any: "alice via 10.0.0.7"."""
+    peer = request.client.host if request.client else "unknown"
+    name = " ".join(str(declared).split()) if declared is not None else ""
+    return f"{name} via {peer}" if name else peer
+
+
 def create_policy_router(runtime) -> APIRouter:
     router = admin_router(runtime)
     guard = runtime.guard
@@ -62,8 +71,7 @@ def create_policy_router(runtime) -> APIRouter:
             ttl = body.get("ttl_s")
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
                 raise ApiError(400, "invalid_ttl", "ttl_s must be a number of seconds")
-            actor = str(body.get("actor") or (request.client.host if request.client
-                                              else "admin"))
+            actor = audit_actor(request, body.get("actor"))
             override = await asyncio.to_thread(guard.overrides.set, name, mode, reason,
                                                actor, ttl)
         except ApiError as exc:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.admin import create_admin_router
+from serving.admin_auth import admin_router
 from serving.admin_policies import create_policy_router
 from serving.errors import ApiError
 from serving.generation import Endpoint, serve_generation
@@ -25,6 +26,17 @@ def _endpoints():
             Endpoint("text_completion", CompletionRequest, "completion", "create_completion"))
 
 
+def _schema_router(app: FastAPI, runtime: Runtime) -> APIRouter:
+    """`GET /admin/openapi.json`: the OpenAPI schema, for admins only."""
+    router = admin_router(runtime)
+
+    @router.get("/openapi.json")
+    async def openapi():
+        return JSONResponse(app.openapi())
+
+    return router
+
+
 def create_app(runtime: Runtime) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -34,7 +46,10 @@ def create_app(runtime: Runtime) -> FastAPI:
         finally:
             await runtime.stop()
 
-    app = FastAPI(title="tailguard", lifespan=lifespan)
+    # No public docs or schema (the schema is at /admin/openapi.json, behind the token),
+    # and no trailing-slash redirect: its Location would echo the client's Host header.
+    app = FastAPI(title="tailguard", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None, redirect_slashes=False)
     app.state.runtime = runtime
     chat, completion = _endpoints()
 
@@ -88,5 +103,6 @@ def create_app(runtime: Runtime) -> FastAPI:
         return ApiError(400, "validation_error", str(exc)).response()
 
     app.include_router(create_admin_router(runtime))
+    app.include_router(_schema_router(app, runtime))
     app.include_router(create_policy_router(runtime))
     return app

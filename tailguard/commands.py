@@ -73,11 +73,14 @@ def model_init(directory):
 @click.option("--instance", help="This server's name in the archive (default: host_port).")
 @click.option("--profile-server", help="Continuous profiling to this Pyroscope server "
               "(default: $TAILGUARD_PROFILE_SERVER; off).")
+@click.option("--forwarded-allow-ips", help="Comma-separated proxy addresses (or *) whose "
+              "X-Forwarded-For names the client (default: $TAILGUARD_FORWARDED_ALLOW_IPS; "
+              "none: the client is the TCP peer).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
 def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
           slo_file, model_dir, retrain_interval, reselect_interval, keys_file, policy_file,
           enable_fault_injection, max_body_bytes, otlp_endpoint, otlp_protocol, archive_dir, archive_after,
-          archive_interval, instance, profile_server, vllm_args):
+          archive_interval, instance, profile_server, forwarded_allow_ips, vllm_args):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -99,7 +102,8 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             otlp_endpoint=otlp_endpoint,
             otlp_protocol=otlp_protocol, archive_dir=archive_dir, archive_after=archive_after,
             archive_interval_s=archive_interval, instance=instance,
-            profile_server=profile_server, vllm_args=list(vllm_args))
+            profile_server=profile_server, forwarded_allow_ips=forwarded_allow_ips,
+            vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.admin_auth import AdminTokenError

@@ -294,7 +294,7 @@ def test_every_page_renders_and_an_override_round_trips(target, console, browser
         described = _policy(server, POLICY)
         assert described["override"]["mode"] == "force_on"
         assert described["override"]["reason"] == "browser test: force on"
-        assert described["override"]["actor"] == "console"
+        assert described["override"]["actor"] == "console via 127.0.0.1"
         assert described["effective"] == "active"
         _screenshot(page, "policies-forced")
 

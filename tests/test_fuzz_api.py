@@ -2,7 +2,7 @@
 trace log): schemathesis against the server's own OpenAPI schema, plus
 Hypothesis-generated request bodies for the OpenAI endpoints.
 
-The served schema (`/openapi.json`) lists every route but no request body: the routes
+The served schema (`/admin/openapi.json`, admin token only) lists every route but no request body: the routes
 read the raw `Request` (vLLM's protocol models validate the generation bodies), so
 schemathesis can only vary what the schema describes (routes, methods, path
 parameters). The generation bodies are generated here instead, always with a small
@@ -116,7 +116,8 @@ def assert_still_serving(server) -> None:
 
 @pytest.fixture(scope="module")
 def api_schema(server):
-    return schemathesis.openapi.from_url(server.url + "/openapi.json")
+    return schemathesis.openapi.from_url(server.url + "/admin/openapi.json", timeout=30,
+                                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
 
 
 def operations(schema, keep) -> list:
