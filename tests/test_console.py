@@ -274,7 +274,7 @@ def test_an_override_from_the_policies_page_reaches_the_server(live, server):
         assert state["effective"] == "active"
         assert state["override"]["mode"] == "force_on"
         assert state["override"]["reason"] == "console test: force on"
-        assert state["override"]["actor"] == "console"
+        assert state["override"]["actor"] == "console via 127.0.0.1"
         # The page shows it: table row, the cleared reason box, the audit log.
         row = app.dataframe[0].value.set_index("policy").loc[name]
         assert row["mode"] == "force on" and row["reason"] == "console test: force on"
