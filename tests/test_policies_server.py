@@ -292,7 +292,7 @@ def test_overrides_survive_a_restart(tmp_path):
     try:
         vip_only = next(p for p in policies(again)["policies"] if p["policy"] == "vip_only")
         assert vip_only["effective"] == "active"
-        assert vip_only["override"]["actor"] == "alice"
+        assert vip_only["override"]["actor"] == "alice via 127.0.0.1"
         assert complete(again, PLAIN).status_code == 503
     finally:
         stop_server(again)
