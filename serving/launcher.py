@@ -16,6 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dashboards.console.client import ENV_AUTH, ENV_HOST, ENV_TOKEN_FILE, ENV_URL
 from serving.admin_auth import default_token_file
 from serving.config import ENV_ADMIN_TOKEN
 
@@ -34,6 +35,7 @@ class Launcher:
     console_port: int = 8501
     db: str = "tailguard.duckdb"
     serve_args: list[str] = field(default_factory=list)
+    console_auth: str = "auto"  # dashboards.console.auth: login off loopback, or always
     children: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -54,12 +56,18 @@ class Launcher:
         wait_ready(self.url, process, log)
         return log
 
-    def start_console(self) -> None:
-        env = dict(os.environ, TAILGUARD_URL=self.url)
+    def console_env(self) -> dict[str, str]:
+        """The console's environment: this server, its token, where it listens, and
+        when it asks for the console password."""
+        env = dict(os.environ, **{ENV_URL: self.url, ENV_HOST: self.host,
+                                  ENV_AUTH: self.console_auth})
         if not os.environ.get(ENV_ADMIN_TOKEN):
-            env["TAILGUARD_ADMIN_TOKEN_FILE"] = str(default_token_file(self.db))
+            env[ENV_TOKEN_FILE] = str(default_token_file(self.db))
+        return env
+
+    def start_console(self) -> None:
         self.children.append(subprocess.Popen(console_command(self.console_port, self.host),
-                                              env=env, stdout=subprocess.DEVNULL))
+                                              env=self.console_env(), stdout=subprocess.DEVNULL))
 
     def wait(self) -> int:
         """Until a child dies or we are told to stop; then stop everything."""
@@ -102,7 +110,11 @@ def wait_ready(url: str, process: subprocess.Popen, log: Path,
 
 
 def console_command(port: int, host: str = "127.0.0.1") -> list[str]:
+    """Streamlit on `host`:`port`. XSRF protection and CORS checks stay on (Streamlit's
+    defaults, pinned here so no config file turns them off): a page on another origin
+    cannot post to a console an operator is signed in to."""
     return [sys.executable, "-m", "streamlit", "run", str(CONSOLE_APP),
             "--server.port", str(port), "--server.address", host,
             "--server.headless", "true", "--browser.gatherUsageStats", "false",
+            "--server.enableXsrfProtection", "true", "--server.enableCORS", "true",
             "--client.toolbarMode", "minimal"]

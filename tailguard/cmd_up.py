@@ -8,6 +8,9 @@ import sys
 
 import click
 
+AUTH_CHOICE = click.Choice(["auto", "always"])
+AUTH_HELP = "Ask for the console password: off loopback only (auto) or always."
+
 
 @click.command("up")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -16,19 +19,26 @@ import click
 @click.option("--db", default="tailguard.duckdb", show_default=True, help="Trace-log file.")
 @click.option("--demo", is_flag=True, help="Drive realistic background load.")
 @click.option("--demo-rate", default=2.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--console-auth", default="auto", show_default=True, type=AUTH_CHOICE,
+              help=AUTH_HELP)
 @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
-def up(host, port, console_port, db, demo, demo_rate, serve_args):
+def up(host, port, console_port, db, demo, demo_rate, console_auth, serve_args):
     """The main job: the server on the embedded model and the ops console.
 
-    Extra arguments go to `tailguard serve`. Ctrl-C stops both.
+    Extra arguments go to `tailguard serve`. Ctrl-C stops both. Off loopback the
+    console asks for a password derived from the admin token (docs/console.md).
 
     Example: tailguard up --demo
     """
+    from dashboards.console.auth import Access
+    from dashboards.console.client import ENV_TOKEN
     from serving.launcher import Launcher, LaunchError
     from serving.model import ensure_model
 
+    if ENV_TOKEN in os.environ:  # the server would refuse it, but only after a minute
+        _usable(os.environ[ENV_TOKEN], f"${ENV_TOKEN}")
     click.echo(f"tailguard: embedded model at {ensure_model()}")
-    launcher = Launcher(host, port, console_port, db, list(serve_args))
+    launcher = Launcher(host, port, console_port, db, list(serve_args), console_auth)
     click.echo("tailguard: starting the server (engine start and warm-up take a minute)...")
     try:
         log = launcher.start_server()
@@ -43,6 +53,9 @@ def up(host, port, console_port, db, demo, demo_rate, serve_args):
     click.echo(f"tailguard: API      {launcher.url}/v1   (OpenAI-compatible; metrics at /metrics)")
     click.echo(f"tailguard: console  http://{host}:{console_port}")
     click.echo(f"tailguard: admin token in {launcher.token_source}; server log {log}")
+    if Access(host, console_auth).login_required:
+        click.echo(f"tailguard: console password: tailguard console --print-password"
+                   f"{_token_file_arg(launcher.token_source)}")
     click.echo("tailguard: Ctrl-C stops both" + (" (demo load running)" if demo else ""))
     sys.exit(launcher.wait())
 
@@ -59,26 +72,60 @@ def up(host, port, console_port, db, demo, demo_rate, serve_args):
 @click.option("--refresh", default=5, show_default=True, type=click.IntRange(0, 300),
               help="Auto-refresh interval in seconds (0 = off).")
 @click.option("--port", default=8501, show_default=True, type=click.IntRange(1, 65535))
-def console(url, token_file, db, slo, refresh, port):
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="The console's own address; off loopback it asks for the console password.")
+@click.option("--auth", default="auto", show_default=True, type=AUTH_CHOICE, help=AUTH_HELP)
+@click.option("--print-password", is_flag=True,
+              help="Print the console password (derived from the admin token) and exit.")
+def console(url, token_file, db, slo, refresh, port, host, auth, print_password):
     """The Streamlit ops console for a running server (or a trace file).
 
     Example: tailguard console --url http://127.0.0.1:8000 --token-file tailguard.duckdb.admin-token
     """
-    from dashboards.console.client import (
-        ENV_DB,
-        ENV_REFRESH,
-        ENV_SLO,
-        ENV_TOKEN_FILE,
-        ENV_URL,
-    )
+    from dashboards.console import client
+    from dashboards.console.auth import Access, console_password
     from serving.launcher import console_command
 
     if slo and not db:
         raise click.UsageError("--slo goes with --db (a server judges by its own spec)")
-    env = dict(os.environ, **{ENV_URL: url, ENV_REFRESH: str(refresh)})
+    env = dict(os.environ, **{client.ENV_URL: url, client.ENV_REFRESH: str(refresh),
+                              client.ENV_HOST: host, client.ENV_AUTH: auth})
     if token_file:
-        env[ENV_TOKEN_FILE] = token_file
+        env[client.ENV_TOKEN_FILE] = token_file
     if db:
-        env.update({ENV_DB: db, ENV_SLO: slo or ""})
-    click.echo(f"tailguard: console on http://127.0.0.1:{port} for {db or url}")
-    sys.exit(subprocess.call(console_command(port), env=env))
+        env.update({client.ENV_DB: db, client.ENV_SLO: slo or ""})
+    if print_password or Access(host, auth).login_required:
+        password = console_password(_login_token(env))
+        if print_password:
+            click.echo(password)
+            return
+    click.echo(f"tailguard: console on http://{host}:{port} for {db or url}")
+    sys.exit(subprocess.call(console_command(port, host), env=env))
+
+
+def _login_token(env: dict[str, str]) -> str:
+    """The admin token the console password comes from, held to the server's rules."""
+    from dashboards.console.client import ENV_TOKEN, ENV_TOKEN_FILE, ConsoleError, read_token
+
+    try:
+        token = read_token(env)
+    except ConsoleError as exc:
+        raise click.UsageError(str(exc)) from None
+    if not token:
+        raise click.UsageError(f"the console password needs the admin token (a console off "
+                               f"loopback or with --auth always asks for it): set "
+                               f"${ENV_TOKEN} or --token-file")
+    return _usable(token, f"${ENV_TOKEN}" if env.get(ENV_TOKEN) else env[ENV_TOKEN_FILE])
+
+
+def _usable(token: str, source: str) -> str:
+    from serving.admin_auth import AdminTokenError, usable_token
+
+    try:
+        return usable_token(token, source)[0]
+    except AdminTokenError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _token_file_arg(token_source: str) -> str:
+    return "" if token_source.startswith("$") else f" --token-file {token_source}"

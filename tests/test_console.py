@@ -14,6 +14,7 @@ from streamlit.proto.Metric_pb2 import Metric as MetricProto
 from streamlit.testing.v1 import AppTest
 
 from dashboards.console import queries
+from dashboards.console.auth import console_password
 from dashboards.console.client import AdminClient
 from observe.tracelog import TraceLog
 from slo import policies as P
@@ -29,6 +30,14 @@ ALL_POLICIES = {P.BREAKER_L1, P.BREAKER_L2, P.TOKEN_CAP, P.VIP_ONLY, P.MEMORY_PR
 SEEDS = ("console-seed-0", "console-seed-1", "console-seed-2")
 SLOW = "console-slow"
 NEEDS_SERVER = "This panel needs a running server"
+
+
+@pytest.fixture(autouse=True)
+def on_loopback(monkeypatch):
+    """AppTest leaves Streamlit's server.address unset (every interface, so the login
+    gate would ask): say the console listens where `tailguard console` puts it."""
+    monkeypatch.setenv("TAILGUARD_CONSOLE_HOST", "127.0.0.1")
+    monkeypatch.delenv("TAILGUARD_CONSOLE_AUTH", raising=False)
 
 
 @pytest.fixture
@@ -335,6 +344,74 @@ def test_a_missing_server_is_explained_on_every_page(monkeypatch, page):
     monkeypatch.setenv("TAILGUARD_ADMIN_TOKEN", ADMIN_TOKEN)
     app = open_app(page)
     assert app.error and all("is not reachable" in e for e in texts(app.error))
+
+
+# --- the login gate: a console reachable beyond this machine ----------------------------
+
+def page_content(app: AppTest) -> list:
+    """Everything a page or the sidebar shows (the login form shows none of it)."""
+    return [*app.header, *app.subheader, *app.metric, *app.dataframe, *app.markdown,
+            *app.warning, *app.success, *app.info, *app.get("vega_lite_chart"),
+            *app.sidebar.selectbox, *app.sidebar.number_input, *app.sidebar.caption]
+
+
+def rendered(node) -> str:
+    """Every element's protobuf as text: what the browser would be sent."""
+    children = getattr(node, "children", None)
+    if isinstance(children, dict):
+        return "".join(rendered(child) for child in children.values())
+    return str(getattr(node, "proto", ""))
+
+
+def sign_in(app: AppTest, password: str) -> AppTest:
+    app.text_input(key="console_password").input(password)
+    return submit(app, "login")
+
+
+def test_an_exposed_console_shows_nothing_until_the_console_password(live, seeded,
+                                                                      monkeypatch):
+    monkeypatch.setenv("TAILGUARD_CONSOLE_HOST", "0.0.0.0")
+    app = open_app()
+    assert not page_content(app) and not app.error
+    assert texts(app.title) == ["tailguard"]
+    (box,) = app.text_input
+    assert box.label == "Console password" and box.proto.type == box.proto.PASSWORD
+    for wrong in ("wrong", ADMIN_TOKEN):  # the raw admin token is not the password
+        app = sign_in(app, wrong)
+        assert texts(app.error) == ["Wrong password."] and not page_content(app)
+        assert app.text_input(key="console_password").value == ""  # not kept
+
+    app = sign_in(app, console_password(ADMIN_TOKEN))
+    assert texts(app.header) == [":red[●] Overview"] and not app.error
+    assert texts(app.sidebar.caption) == [f"Data: {live.url}"]
+    assert [b.label for b in app.sidebar.button] == ["Sign out"]
+    page = rendered(app._tree)
+    assert ADMIN_TOKEN not in page and console_password(ADMIN_TOKEN) not in page
+    assert console_password(ADMIN_TOKEN) not in str(app.session_state.to_dict())
+    app.switch_page(POLICIES)
+    app = rerun(app)
+    assert texts(app.header) == ["Policies"]
+
+    app = rerun(app.sidebar.button[0].click())  # sign out: the form again, nothing else
+    assert not page_content(app) and [t.label for t in app.text_input] == ["Console password"]
+
+
+def test_a_deep_link_to_a_page_before_signing_in_shows_only_the_login(live, monkeypatch):
+    monkeypatch.setenv("TAILGUARD_CONSOLE_HOST", "0.0.0.0")
+    app = AppTest.from_file(APP, default_timeout=60)
+    app.switch_page(POLICIES).run()
+    assert not app.exception, app.exception
+    assert not page_content(app) and not app.dataframe and not app.radio
+    assert [b.label for b in app.button] == ["Sign in"]
+
+
+def test_a_loopback_console_asks_only_when_told_to(live, seeded, monkeypatch):
+    assert texts(open_app().header) == [":red[●] Overview"]  # today's behaviour
+    monkeypatch.setenv("TAILGUARD_CONSOLE_AUTH", "always")
+    app = open_app()
+    assert not page_content(app) and [b.label for b in app.button] == ["Sign in"]
+    app = sign_in(app, console_password(ADMIN_TOKEN))
+    assert texts(app.header) == [":red[●] Overview"]
 
 
 # --- a trace file, no server -----------------------------------------------------------

@@ -10,6 +10,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from tests.conftest import free_port
 
 STARTUP_S = 600
@@ -39,6 +41,7 @@ def test_up_serves_the_api_and_the_console_and_stops_on_ctrl_c(tmp_path):
         text = "".join(lines)
         assert f"http://127.0.0.1:{port}/v1" in text and f"http://127.0.0.1:{console_port}" in text
         assert str(tmp_path / "up.duckdb.admin-token") in text
+        assert "console password" not in text  # loopback: no login, as before
         assert (tmp_path / "up.duckdb.admin-token").stat().st_mode & 0o777 == 0o600
         assert _get(f"http://127.0.0.1:{port}/readyz") == 200
         _wait_for(lambda: _get(f"http://127.0.0.1:{console_port}/") == 200)
@@ -47,6 +50,34 @@ def test_up_serves_the_api_and_the_console_and_stops_on_ctrl_c(tmp_path):
         code = process.wait(timeout=120)
     assert code == 0
     assert (tmp_path / "up.duckdb").exists()
+
+
+def test_up_refuses_an_empty_token_before_starting_anything(tmp_path):
+    """Off loopback the console's password comes from the token: an empty one is
+    refused at once (one line, exit 2), not after the server has tried to start."""
+    env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=" ")
+    out = subprocess.run(
+        [sys.executable, "-m", "tailguard", "up", "--host", "0.0.0.0", "--port",
+         str(free_port()), "--db", str(tmp_path / "up.duckdb")],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert (out.returncode, out.stdout) == (2, "")
+    assert out.stderr == ("tailguard: error: admin token from $TAILGUARD_ADMIN_TOKEN is "
+                          "empty; put a random token of at least 16 characters there\n")
+    assert not list(tmp_path.iterdir())  # no server log, no trace file
+
+
+@pytest.mark.parametrize("host, auth", [("0.0.0.0", "auto"), ("127.0.0.1", "always"),
+                                        ("127.0.0.1", "auto")])
+def test_up_tells_the_console_where_it_listens_and_when_to_ask(tmp_path, monkeypatch,
+                                                              host, auth):
+    from serving.launcher import Launcher
+
+    monkeypatch.delenv("TAILGUARD_ADMIN_TOKEN", raising=False)
+    db = str(tmp_path / "up.duckdb")
+    env = Launcher(host, 8000, 8501, db, console_auth=auth).console_env()
+    assert env["TAILGUARD_CONSOLE_HOST"] == host and env["TAILGUARD_CONSOLE_AUTH"] == auth
+    assert env["TAILGUARD_ADMIN_TOKEN_FILE"] == db + ".admin-token"
+    assert env["TAILGUARD_URL"] == f"http://{host}:8000"
 
 
 def _wait_for(check, timeout_s: float = 60) -> None:

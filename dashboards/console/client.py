@@ -12,7 +12,10 @@ import json
 import os
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from dashboards.console.auth import AUTO, Access
 
 ENV_URL = "TAILGUARD_URL"
 ENV_TOKEN = "TAILGUARD_ADMIN_TOKEN"
@@ -20,6 +23,8 @@ ENV_TOKEN_FILE = "TAILGUARD_ADMIN_TOKEN_FILE"
 ENV_DB = "TAILGUARD_CONSOLE_DB"
 ENV_SLO = "TAILGUARD_CONSOLE_SLO"
 ENV_REFRESH = "TAILGUARD_CONSOLE_REFRESH_S"
+ENV_HOST = "TAILGUARD_CONSOLE_HOST"  # where the console listens, if Streamlit's option is unset
+ENV_AUTH = "TAILGUARD_CONSOLE_AUTH"  # auto (login off loopback) | always
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -42,16 +47,7 @@ class AdminClient:
 
     @classmethod
     def from_env(cls) -> "AdminClient":
-        url = os.environ.get(ENV_URL, DEFAULT_URL)
-        token = os.environ.get(ENV_TOKEN, "")
-        path = os.environ.get(ENV_TOKEN_FILE)
-        if not token and path:
-            try:
-                with open(path) as f:
-                    token = f.read().strip()
-            except OSError as exc:
-                raise ConsoleError(f"cannot read the admin token file {path}: {exc.strerror}")
-        return cls(url.rstrip("/"), token)
+        return cls(os.environ.get(ENV_URL, DEFAULT_URL).rstrip("/"), read_token())
 
     @property
     def where(self) -> str:
@@ -134,6 +130,31 @@ class TraceFile:
             return status_to_dict(compute_status(run, load_spec(self.slo_path)))
         except (QueryError, ValueError) as exc:
             raise ConsoleError(str(exc)) from None
+
+
+def read_token(env: Mapping[str, str] = os.environ) -> str:
+    """The admin token: `$TAILGUARD_ADMIN_TOKEN`, else the file `$..._FILE` names; "" if
+    neither. ConsoleError if the file cannot be read."""
+    token, path = env.get(ENV_TOKEN, ""), env.get(ENV_TOKEN_FILE)
+    if not token and path:
+        try:
+            with open(path) as f:
+                token = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or exc
+            raise ConsoleError(f"cannot read the admin token file {path}: {reason}") from None
+    return token.strip()
+
+
+def access(bound_host: str | None) -> Access:
+    """The access rule for a console listening on `bound_host` (Streamlit's
+    server.address; `$TAILGUARD_CONSOLE_HOST` when that is unset, "" = everywhere)."""
+    host = bound_host or os.environ.get(ENV_HOST, "")
+    try:
+        rule = Access(host, os.environ.get(ENV_AUTH) or AUTO)
+    except ValueError as exc:
+        raise ConsoleError(f"${ENV_AUTH}: {exc}") from None
+    return Access(rule.host, rule.mode, read_token()) if rule.login_required else rule
 
 
 def connect() -> AdminClient | TraceFile:
