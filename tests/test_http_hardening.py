@@ -34,7 +34,7 @@ def hard_server(tmp_path_factory):
         env.setenv("TAILGUARD_HTTP_KEEP_ALIVE_S", str(KEEP_ALIVE_S))
         env.setenv("TAILGUARD_HTTP_MAX_CONNECTIONS", str(MAX_CONNECTIONS))
         srv = start_server(tmp_path_factory.mktemp("hard"), "--retrain-interval", "0",
-                           "--reselect-interval", "0")
+                           "--reselect-interval", "0", "--enable-fault-injection")
     yield srv
     stop_server(srv)
 
@@ -204,3 +204,40 @@ def test_every_admin_route_refuses_without_the_token(hard_server, authorization)
         assert status == 401, (method, path, status)
         if method != "HEAD":
             assert body["error"]["code"] == "unauthorized"
+
+
+def _read_response(sock) -> tuple[bytes, bytes]:
+    """(status line, body) of one Content-Length answer on a raw socket."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536) or pytest.fail(f"closed mid-answer: {data!r}")
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(body) < length:
+        body += sock.recv(65536) or pytest.fail("closed mid-body")
+    return head.split(b"\r\n")[0], body
+
+
+def test_a_slow_upload_and_a_slow_answer_inside_the_deadlines_are_served(hard_server):
+    """The deadlines cut stalled clients only: a body sent in two parts with a pause
+    under the body timeout, answered after longer than every timeout, then a second
+    request on the same connection inside the keep-alive timeout, all succeed."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+    slow = json.dumps({"mode": "slow", "delay_s": HEADER_S + BODY_S + 1}).encode()
+    assert _get(hard_server, "/admin/faults", admin, "PUT", slow)[0] == 200
+    body = json.dumps({"prompt": "hello", "max_tokens": 2}).encode()
+    sock = _open(hard_server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:5])[0]
+    try:
+        sock.settimeout(60)
+        time.sleep(BODY_S / 2)
+        sock.sendall(body[5:])
+        status, answer = _read_response(sock)
+        assert status == b"HTTP/1.1 200 OK", answer
+        time.sleep(KEEP_ALIVE_S / 2)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _read_response(sock)[0] == b"HTTP/1.1 200 OK"
+    finally:
+        sock.close()
+        _get(hard_server, "/admin/faults", admin, "PUT", b'{"mode": "none"}')
