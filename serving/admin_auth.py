@@ -42,12 +42,13 @@ def resolve_admin_token(db: str, token_file: str | None) -> tuple[str, str]:
         return usable_token(os.environ[ENV_ADMIN_TOKEN], f"${ENV_ADMIN_TOKEN}")
     path = Path(token_file) if token_file else default_token_file(db)
     if path.is_file():
-        _warn_if_shared(path)
         try:
             text = path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             raise AdminTokenError(f"admin token file {path}: cannot read it: {exc}") from None
-        return usable_token(text, str(path))
+        found = usable_token(text, str(path))  # refused: the one line says why, alone
+        _warn_if_shared(path)
+        return found
     if token_file:  # named but missing: a typo must not silently mint a new token
         raise AdminTokenError(f"admin token file {path} does not exist")
     path.parent.mkdir(parents=True, exist_ok=True)
