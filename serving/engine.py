@@ -4,7 +4,8 @@
 vLLM's OpenAI serving classes run on `ObservedEngine`, which only watches
 `generate()`: the wire format stays vLLM's, byte for byte.
 
-`ObservedEngine` also notices the engine failing under its requests. A crashed engine
+`ObservedEngine` also notices the engine failing under its requests (what each fault
+means to a request: `serving/engine_faults.py`). A crashed engine
 core (vLLM raises `EngineDeadError` into every request) and a hung one (requests in
 flight, no engine step for `TAILGUARD_ENGINE_HANG_S` seconds: the watchdog, run by the
 guard's tick, kills it) both leave `errored` true, which breaker L2 restarts on, and
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -25,53 +25,24 @@ import psutil
 
 from observe.stats import EngineTimes, RequestRecord, WallClock
 from serving.engine_procs import alive, engine_processes, kill_all, wait_gone
-from serving.errors import ApiError
+from serving.engine_faults import (
+    ENGINE_DEAD,
+    ENGINE_HUNG,
+    ENGINE_SHUTDOWN,
+    engine_fault_error,
+    engine_hang_s,
+    is_engine_dead,
+)
 from serving.steps import StepLedger
 
 log = logging.getLogger("tailguard")
 
-# The engine watchdog: requests in flight and no engine step (nor output) for this
-# long means the engine core is hung. 0 turns the watchdog off.
-ENV_ENGINE_HANG_S = "TAILGUARD_ENGINE_HANG_S"
-DEFAULT_ENGINE_HANG_S = 60.0  # longer than any first-use kernel compile seen here
-ENGINE_DEAD = "engine_dead"
-ENGINE_HUNG = "engine_hung"
-ENGINE_SHUTDOWN = "engine_shutdown"  # shut down (a restart, a server stop) under requests
 REAP_WAIT_S = 5.0  # how long a shut-down engine's processes get before SIGKILL
 FAILED_REAP_WAIT_S = 1.0  # the same for a failed engine (killed ones are still exiting)
-RETRY_AFTER_S = 10
 
 # The request being served on this task; set by the HTTP layer, read by generate().
 current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
     "tailguard_request", default=None)
-
-
-def engine_hang_s() -> float:
-    """The watchdog's timeout: `TAILGUARD_ENGINE_HANG_S`, else the default."""
-    raw = os.environ.get(ENV_ENGINE_HANG_S, "").strip()
-    if not raw:
-        return DEFAULT_ENGINE_HANG_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also rejects NaN
-        log.warning("ignoring %s=%r (want seconds >= 0)", ENV_ENGINE_HANG_S, raw)
-        return DEFAULT_ENGINE_HANG_S
-    return value
-
-
-def engine_fault_error(fault: str, hang_s: float = 0.0) -> ApiError:
-    """What a request in flight gets when the engine fails under it."""
-    if fault == ENGINE_HUNG:
-        message = (f"the engine made no progress for {hang_s:g} s and is being "
-                   f"restarted; retry shortly")
-    elif fault == ENGINE_SHUTDOWN:
-        message = "the engine was shut down while serving this request; retry shortly"
-    else:
-        message = "the engine failed while serving this request and is being restarted; " \
-                  "retry shortly"
-    return ApiError(503, fault, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 class ObservedEngine:
@@ -178,7 +149,7 @@ class ObservedEngine:
     def _failed(self, rec: RequestRecord, exc: BaseException) -> None:
         """An engine request ended in `exc`: if the engine itself failed, the request
         is refused with the failure (not a generic 500)."""
-        if self.fault is None and (_is_engine_dead(exc) or self.errored):
+        if self.fault is None and (is_engine_dead(exc) or self.errored):
             self.fault = ENGINE_DEAD
         if self.fault is not None and rec.refusal is None:
             rec.refusal = engine_fault_error(self.fault, self.hang_s)
@@ -281,12 +252,6 @@ class ObservedEngine:
 class _PumpEnded(Exception):
     """The engine's output ended without a finished output (put as an exception, so it
     replaces nothing the reader still needs: there is nothing after it)."""
-
-
-def _is_engine_dead(exc: BaseException) -> bool:
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    return isinstance(exc, EngineDeadError)
 
 
 def _prompt_length(prompt) -> int:

@@ -28,6 +28,7 @@ import pytest
 
 from observe.stats import RequestRecord, WallClock
 from serving import engine as E
+from serving import engine_faults as F
 from tests.conftest import start_server, stop_server
 
 HANG_S = 5  # the watchdog's timeout on this server
@@ -93,7 +94,7 @@ def test_watchdog_trips_only_when_the_engine_owes_output_and_makes_no_progress()
     assert not eng.watchdog(305) and not eng.watchdog(309.9)
     assert not eng.errored and eng.fault is None and inner.propagated == []
     assert eng.watchdog(310)  # 5 s without a step
-    assert eng.fault == E.ENGINE_HUNG and eng.errored
+    assert eng.fault == F.ENGINE_HUNG and eng.errored
     assert len(inner.propagated) == 1 and isinstance(inner.propagated[0], EngineDeadError)
     assert eng.watchdog(400) and len(inner.propagated) == 1  # once
 
@@ -103,12 +104,12 @@ def test_watchdog_trips_only_when_the_engine_owes_output_and_makes_no_progress()
 
 
 def test_hang_timeout_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(E.ENV_ENGINE_HANG_S, raising=False)
-    assert E.engine_hang_s() == E.DEFAULT_ENGINE_HANG_S
-    for raw, want in (("7", 7.0), ("0.5", 0.5), ("0", 0.0), ("abc", E.DEFAULT_ENGINE_HANG_S),
-                      ("-1", E.DEFAULT_ENGINE_HANG_S), ("nan", E.DEFAULT_ENGINE_HANG_S)):
-        monkeypatch.setenv(E.ENV_ENGINE_HANG_S, raw)
-        assert E.engine_hang_s() == want, raw
+    monkeypatch.delenv(F.ENV_ENGINE_HANG_S, raising=False)
+    assert F.engine_hang_s() == F.DEFAULT_ENGINE_HANG_S
+    for raw, want in (("7", 7.0), ("0.5", 0.5), ("0", 0.0), ("abc", F.DEFAULT_ENGINE_HANG_S),
+                      ("-1", F.DEFAULT_ENGINE_HANG_S), ("nan", F.DEFAULT_ENGINE_HANG_S)):
+        monkeypatch.setenv(F.ENV_ENGINE_HANG_S, raw)
+        assert F.engine_hang_s() == want, raw
 
 
 def _generate(eng: E.ObservedEngine) -> RequestRecord:
@@ -131,7 +132,7 @@ def test_a_request_the_engine_fails_under_carries_the_failure():
     dead = E.ObservedEngine(FakeEngine(EngineDeadError()), FakeLedger(), WallClock())
     err = _generate(dead).refusal
     assert (err.status, err.error_type, err.outcome) == (503, "engine_dead", "error")
-    assert dead.fault == E.ENGINE_DEAD and err.headers["Retry-After"].isdigit()
+    assert dead.fault == F.ENGINE_DEAD and err.headers["Retry-After"].isdigit()
     # any other failure of a healthy engine is not an engine failure
     healthy = E.ObservedEngine(FakeEngine(ValueError("bad")), FakeLedger(), WallClock())
     assert _generate(healthy).refusal is None and healthy.fault is None
