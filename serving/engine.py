@@ -174,7 +174,8 @@ class ObservedEngine:
 
         # vLLM's own mailbox: deltas merge while the reader lags, so an unread
         # stream holds one merged output, not one object per token.
-        mailbox = RequestOutputCollector(sampling_params.output_kind, request_id)
+        mailbox = RequestOutputCollector(getattr(sampling_params, "output_kind", None),
+                                         request_id)
         pump = asyncio.create_task(self._pump(rec, (prompt, sampling_params, request_id,
                                                     *args), kwargs, prompt_tokens, mailbox))
         self._watch_pump(rec.request_id, pump)
