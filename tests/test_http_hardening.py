@@ -241,3 +241,38 @@ def test_a_slow_upload_and_a_slow_answer_inside_the_deadlines_are_served(hard_se
     finally:
         sock.close()
         _get(hard_server, "/admin/faults", admin, "PUT", b'{"mode": "none"}')
+
+
+@pytest.mark.parametrize("allowed,client", [(None, "127.0.0.1"), ("127.0.0.1", "6.6.6.6")])
+def test_x_forwarded_for_counts_only_from_the_allowed_proxies(allowed, client):
+    """serve's uvicorn settings, on a one-route app: the opt-in is what turns it on."""
+    import threading
+    from types import SimpleNamespace
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    from serving.http_limits import HttpLimits
+    from serving.server import connection_settings
+    from tests.conftest import free_port
+
+    app = Starlette(routes=[Route("/", lambda r: PlainTextResponse(r.client.host))])
+    config = SimpleNamespace(http_limits=HttpLimits(), forwarded_allow_ips=allowed)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning",
+                                           **connection_settings(config)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/",
+                                     headers={"X-Forwarded-For": "6.6.6.6"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            assert resp.read().decode() == client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
