@@ -1,9 +1,10 @@
 """Read-only SQL over the trace log, shared by the server's writer and the CLI.
 
-Three layers keep a query from changing anything: the statement must parse as one
-SELECT with no data-modifying CTE (`check_read_only`), it runs inside a transaction
-that is always rolled back, and the connection has external access switched off so
-SQL cannot read files or the network. A file opened here is also opened read-only.
+Three layers keep a query from changing anything: `observe.sql_gate` lets through one
+SELECT whose AST holds no data-modifying CTE, no table function off its allowlist and
+no denied scalar function; it runs inside a transaction that is always rolled back;
+and the connection has external access switched off so SQL cannot read files or the
+network. A file opened here is also opened read-only.
 """
 
 from __future__ import annotations
@@ -11,25 +12,22 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import threading
 from dataclasses import dataclass
 from datetime import date, datetime, time, timezone
-from functools import cache
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 import duckdb
 
+from observe.sql_gate import QueryError, check_read_only
+
+__all__ = ["FORMATS", "QueryError", "QueryResult", "check_read_only", "execute_read_only",
+           "format_result", "plain", "query_file", "run_read_only"]
+
 FORMATS = ("table", "csv", "json")
-
-# DuckDB 2.0 parses `WITH x AS (DELETE ... RETURNING *) SELECT ...` as a SELECT
-# statement; its serialized AST names such CTEs `DELETE_QUERY_NODE` and the like.
-_MODIFYING_NODE = re.compile(r'"type":"(\w+)_QUERY_NODE"')
-
-
-class QueryError(Exception):
-    """A query was refused or failed; the message is meant for the user."""
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,41 +38,10 @@ class QueryResult:
     types: list[str] | None = None  # DuckDB type names, e.g. "JSON", "TIMESTAMP WITH TIME ZONE"
 
 
-@cache
-def _parser() -> tuple[duckdb.DuckDBPyConnection, threading.Lock]:
-    # A private in-memory connection: parsing must not depend on any trace-log file.
-    conn = duckdb.connect(":memory:", config={"enable_external_access": False})
-    return conn, threading.Lock()
-
-
-def check_read_only(sql: str) -> str:
-    """Return the single statement in `sql` if it only reads; raise QueryError otherwise."""
-    conn, lock = _parser()
-    with lock:
-        try:
-            statements = conn.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise QueryError(f"cannot parse query: {exc}") from None
-        if len(statements) != 1:
-            raise QueryError(f"expected exactly one statement, got {len(statements)}")
-        kind = statements[0].type
-        # DESCRIBE, SHOW, SUMMARIZE and VALUES parse as SELECT. EXPLAIN is refused:
-        # EXPLAIN ANALYZE executes its statement, which may be an INSERT.
-        if kind != duckdb.StatementType.SELECT:
-            raise QueryError(f"only read-only SELECT queries are allowed, not {kind.name}")
-        ast = conn.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0]
-    if json.loads(ast).get("error"):
-        raise QueryError("only read-only SELECT queries are allowed")
-    modifying = {m for m in _MODIFYING_NODE.findall(ast) if m != "SELECT"}
-    if modifying:
-        names = ", ".join(sorted(modifying))
-        raise QueryError(f"data-modifying statements are not allowed ({names})")
-    return statements[0].query
-
-
-def execute_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any = None,
-                      max_rows: int = 10_000, timeout_s: float = 10.0) -> QueryResult:
-    """Run a checked query on `conn` (a connection this call owns), always rolled back."""
+def run_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, timeout_s: float,
+                  consume: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """Check `sql`, run it on `conn` (a connection this call owns) and hand the pending
+    result to `consume`, all under `timeout_s`; the transaction is always rolled back."""
     statement = check_read_only(sql)
     timer = threading.Timer(timeout_s, conn.interrupt)
     timer.daemon = True
@@ -85,15 +52,26 @@ def execute_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any = N
     timer.start()
     try:
         conn.execute(statement, params)
-        description = conn.description or []
-        rows = conn.fetchmany(max_rows + 1)
+        return consume(conn)
     except duckdb.InterruptException:
         raise QueryError(f"query timed out after {timeout_s:g}s") from None
     except duckdb.Error as exc:
-        raise QueryError(str(exc)) from None
+        raise QueryError(" ".join(str(exc).split())) from None
     finally:
         timer.cancel()
         _roll_back(conn)
+
+
+def execute_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any = None,
+                      max_rows: int = 10_000, timeout_s: float = 10.0) -> QueryResult:
+    """Run a checked query on `conn` (a connection this call owns), always rolled back."""
+    return run_read_only(conn, sql, params, timeout_s, partial(fetch_rows, max_rows=max_rows))
+
+
+def fetch_rows(conn: duckdb.DuckDBPyConnection, max_rows: int) -> QueryResult:
+    """Up to `max_rows` rows of the query pending on `conn`, and whether more existed."""
+    description = conn.description or []
+    rows = conn.fetchmany(max_rows + 1)
     return QueryResult(columns=[d[0] for d in description], rows=rows[:max_rows],
                        truncated=len(rows) > max_rows, types=[str(d[1]) for d in description])
 
@@ -128,30 +106,30 @@ def query_file(path: str | Path, sql: str, params: Any = None, max_rows: int = 1
 
 # --- output --------------------------------------------------------------------------
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A JSON-ready form of one cell: timestamps as ISO-8601 (UTC when zoned)."""
     if isinstance(value, datetime) and value.tzinfo is not None:
         return value.astimezone(timezone.utc).isoformat()
     if isinstance(value, (datetime, date, time)):
         return value.isoformat()
     if isinstance(value, (list, tuple)):
-        return [_plain(item) for item in value]
+        return [plain(item) for item in value]
     if isinstance(value, dict):
-        return {str(key): _plain(item) for key, item in value.items()}
+        return {str(key): plain(item) for key, item in value.items()}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)  # Decimal, UUID, interval, ...
 
 
 def _text(value: Any, null: str) -> str:
-    plain = _plain(value)
-    if plain is None:
+    cell = plain(value)
+    if cell is None:
         return null
-    if isinstance(plain, bool):
-        return "true" if plain else "false"
-    if isinstance(plain, (list, dict)):
-        return json.dumps(plain)
-    return str(plain)
+    if isinstance(cell, bool):
+        return "true" if cell else "false"
+    if isinstance(cell, (list, dict)):
+        return json.dumps(cell)
+    return str(cell)
 
 
 def _as_table(result: QueryResult) -> str:
@@ -186,7 +164,7 @@ def _as_json(result: QueryResult) -> str:
     # JSON columns come back from DuckDB as text; nest them as objects again.
     is_json = [t == "JSON" for t in (result.types or [""] * len(result.columns))]
     records = [
-        {name: json.loads(v) if (j and isinstance(v, str)) else _plain(v)
+        {name: json.loads(v) if (j and isinstance(v, str)) else plain(v)
          for name, v, j in zip(result.columns, row, is_json)}
         for row in result.rows
     ]

@@ -15,13 +15,14 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Final, TypeVar
 
 import duckdb
 import pyarrow as pa
 
-from observe.query import QueryError, QueryResult, execute_read_only
+from observe.query import QueryError, QueryResult, fetch_rows, run_read_only
 from observe.schema import TABLES, TableSpec, arrow_batches, create_schema
 
 FLUSH_INTERVAL_ENV: Final = "TAILGUARD_TRACE_FLUSH_S"
@@ -229,7 +230,15 @@ class TraceLog:
 
     def query(self, sql: str, params: Any = None, max_rows: int = 10_000,
               timeout_s: float = 10.0) -> QueryResult:
-        """Run one read-only SELECT on this database (what `/admin/query` serves)."""
+        """Run one read-only SELECT on this database (what the server's own readers use)."""
+        return self.read(sql, partial(fetch_rows, max_rows=max_rows), params, timeout_s)
+
+    def read(self, sql: str, consume: Callable[[duckdb.DuckDBPyConnection], T],
+             params: Any = None, timeout_s: float = 10.0) -> T:
+        """Run one read-only SELECT on a cursor of its own and return `consume(cursor)`,
+        which fetches from the pending result (`/admin/query` encodes JSON there).
+        DuckDB's thread pool and memory limit are per database, not per cursor: a
+        user query shares them with the flush; callers bound how many run at once."""
         with self._reader_lock:
             if self._closed:
                 raise QueryError("trace log is closed")
@@ -238,7 +247,7 @@ class TraceLog:
             except duckdb.Error as exc:
                 raise QueryError(f"trace log unavailable: {exc}") from None
         try:
-            return execute_read_only(cursor, sql, params, max_rows, timeout_s)
+            return run_read_only(cursor, sql, params, timeout_s, consume)
         finally:
             cursor.close()
 

@@ -1,6 +1,7 @@
 """Admin API (`/admin/*`): bearer-token access and the read-only SQL endpoint.
 
-The token and its check live in `serving.admin_auth`.
+The token and its check live in `serving.admin_auth`, the SQL route in
+`serving.admin_query`.
 """
 
 from __future__ import annotations
@@ -11,41 +12,18 @@ import logging
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from observe.query import QueryError
 from serving.admin_auth import admin_router
+from serving.admin_query import add_query_route
 from serving.errors import ApiError
 
 log = logging.getLogger("tailguard")
-
-DEFAULT_QUERY_ROWS = 10_000
-MAX_QUERY_ROWS = 100_000  # a bound on what one answer holds in the server's memory
 
 
 def create_admin_router(runtime) -> APIRouter:
     """The SQL, SLO, models and flush endpoints."""
     router = admin_router(runtime)
 
-    @router.post("/query")
-    async def query(request: Request):
-        try:
-            body = await request.json()
-            sql = body.get("sql") if isinstance(body, dict) else None
-            if not isinstance(sql, str) or not sql.strip():
-                raise ApiError(400, "invalid_request", "body must be {\"sql\": \"SELECT ...\"}")
-            max_rows = body.get("max_rows", DEFAULT_QUERY_ROWS)
-            if (isinstance(max_rows, bool) or not isinstance(max_rows, int)
-                    or not 1 <= max_rows <= MAX_QUERY_ROWS):
-                raise ApiError(400, "invalid_request",
-                               f"max_rows must be an integer in 1..{MAX_QUERY_ROWS}")
-            result = await asyncio.to_thread(runtime.tracelog.query, sql, None, max_rows)
-        except ApiError as exc:
-            return exc.response()
-        except QueryError as exc:
-            return ApiError(400, "invalid_query", str(exc)).response()
-        except (ValueError, RecursionError) as exc:
-            return ApiError(400, "invalid_request", f"invalid body: {exc}").response()
-        return JSONResponse({"columns": result.columns, "truncated": result.truncated,
-                             "rows": [[jsonable(v) for v in row] for row in result.rows]})
+    add_query_route(router, runtime)
 
     @router.get("/slo")
     async def slo():
