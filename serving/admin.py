@@ -38,8 +38,11 @@ def create_admin_router(runtime) -> APIRouter:
 
     @router.post("/models/{name}/retrain")
     async def retrain(name: str):
-        """Retrain the latency model / re-run the forecaster backtest now."""
-        jobs = {"latency": runtime.predictor.retrain, "memory": runtime.forecast.reselect}
+        """Retrain the latency model / re-run the forecaster backtest now. A latency
+        candidate goes live only if it beats the live model on the newest requests; the
+        answer is that decision (`accepted`, `reason`, both models' scores)."""
+        jobs = {"latency": lambda: runtime.predictor.retrain(trigger="admin"),
+                "memory": runtime.forecast.reselect}
         if name not in jobs:
             return ApiError(404, "not_found", f"no model {name!r}; one of: latency, memory"
                             ).response()

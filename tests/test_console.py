@@ -18,6 +18,7 @@ from dashboards.console.auth import console_password
 from dashboards.console.client import AdminClient
 from observe.tracelog import TraceLog
 from slo import policies as P
+from slo.accuracy import GATE_EVENT
 from tests.conftest import ADMIN_TOKEN, free_port
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "console" / "app.py")
@@ -82,6 +83,26 @@ def rerun(target) -> AppTest:
 
 def texts(elements) -> list[str]:
     return [e.value for e in elements]
+
+
+def test_a_trace_file_forecasts_page_shows_the_last_retrain_decision(trace_file):
+    app = open_app(FORECASTS)
+    assert "Latency predictor: no retrain decision yet." in texts(app.caption)
+    now = time.time()
+    with TraceLog(trace_file) as log:
+        for age, accepted, reason in ((600, True, "accepted: TTFT p50 median APE 4.2% < 37.6%"),
+                                      (180, False, "refused: TPOT p50 median APE 9.0% is not "
+                                                   "below the live model's 3.9%")):
+            log.add("policy_events", {
+                "ts": now - age, "policy": GATE_EVENT, "from_state": "hgb-1",
+                "to_state": "hgb-1", "reason": reason,
+                "details": {"accepted": accepted, "trigger": "periodic"}})
+    app = rerun(app)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now - 180))
+    (line,) = [m for m in texts(app.markdown) if m.startswith("**Last latency retrain**")]
+    assert line == (f"**Last latency retrain** ({stamp} UTC, 3 min ago, periodic): "
+                    ":orange[refused]: TPOT p50 median APE 9.0% is not below the live "
+                    "model's 3.9%")
 
 
 def charts(app: AppTest) -> list[dict]:

@@ -13,6 +13,7 @@ from dashboards.console import health as H
 from dashboards.console import queries as Q
 from observe.query import query_file
 from observe.schema import create_schema
+from slo.accuracy import GATE_EVENT
 
 # --- health ----------------------------------------------------------------------------
 
@@ -257,6 +258,25 @@ def test_predicted_vs_actual_and_accuracy(trace_db):
     assert rows[0]["ttft_p90_coverage"] == 1.0  # 0.05, 0.1, 0.15 all <= 0.2
     assert rows[0]["ttft_p50_mape"] == pytest.approx((0.2 + 0.4 + 0.6) / 3)  # |0.06 - t| / t
     assert rows[0]["tpot_p90_coverage"] == 1.0
+
+
+def test_last_retrain_is_the_newest_gate_decision(tmp_path):
+    path = str(tmp_path / "trace.duckdb")
+    now = datetime.now(UTC)
+    with duckdb.connect(path) as conn:
+        create_schema(conn)
+        conn.execute("INSERT INTO policy_events VALUES (?, 'token_cap', 'inactive', 'active', "
+                     "'queue depth 7 > 5', NULL)", [now])
+        for age, was, then, reason, details in (
+                (60, "seed-003", "hgb-1", "accepted: ...", '{"accepted": true}'),
+                (30, "hgb-1", "hgb-1", "refused: ...",
+                 '{"accepted": false, "trigger": "admin"}')):
+            conn.execute("INSERT INTO policy_events VALUES (?, ?, ?, ?, ?, ?)",
+                         [now - timedelta(seconds=age), GATE_EVENT, was, then, reason, details])
+    (row,) = rows_as_dicts(path, Q.last_retrain())
+    assert row == {"ts": now - timedelta(seconds=30), "accepted": False,
+                   "reason": "refused: ...", "trigger": "admin", "from_state": "hgb-1",
+                   "to_state": "hgb-1"}
 
 
 EXAMPLE_COLUMNS = {

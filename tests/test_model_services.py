@@ -1,35 +1,55 @@
 """The server's predictor and forecaster services on a real trace-log file (no
-engine): what they start with, when they refuse to retrain, and that a trained model
-is saved and picked up by the next server."""
+engine): what they start with, when they refuse to retrain, that a trained model
+is saved and picked up by the next server, and the retrain gate: a candidate goes
+live only if it beats the live model on the newest requests, which it never saw."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 from observe.stats import AdmissionLoad, EngineSnapshot
 from observe.tracelog import TraceLog
+from serving import prediction
 from serving.forecasting import ForecastService, horizon_label
-from serving.prediction import PredictionService
-from slo.predictor import MIN_ROWS, SEED_VERSION, seed_ttft_s
+from serving.prediction import MIN_RETRAIN_ROWS, PredictionService
+from slo.accuracy import GATE_EVENT
+from slo.predictor import MIN_ROWS, SEED_VERSION, load_model, seed_ttft_s
 
 IDLE = AdmissionLoad(0, 0, 0.0, 0.0, 0, 0)
 
 
-def _requests(log: TraceLog, n: int, start: float = 1.7e9) -> None:
+def _requests(log: TraceLog, n: int, start: float = 1.7e9, slower: float = 1.0,
+              shuffled: int = 0) -> None:
+    """`n` served requests one second apart whose latencies follow their prompt and
+    load (`slower` times over); the oldest `shuffled` have their latencies permuted
+    among themselves, so that their features no longer explain them."""
     rng = random.Random(0)
+    rows = []
     for i in range(n):
         prompt, pending = rng.randint(10, 4000), rng.randint(0, 8)
-        ttft = (0.02 + 1e-4 * prompt + 0.01 * pending) * math.exp(rng.gauss(0, 0.05))
-        log.add("requests", {
+        noise = math.exp(rng.gauss(0, 0.05))
+        rows.append({
             "request_id": f"r{i}", "arrival_ts": start + i, "status": "ok",
-            "prompt_tokens": prompt, "max_tokens": 32, "ttft_s": ttft, "tpot_s": 0.004,
+            "prompt_tokens": prompt, "max_tokens": 32,
+            "ttft_s": slower * (0.02 + 1e-4 * prompt + 0.01 * pending) * noise,
+            "tpot_s": slower * (0.002 + 1e-6 * prompt + 0.0005 * pending) * noise,
             "queue_depth": 0, "running_requests": pending, "kv_cache_usage": 0.1,
             "recent_step_s": 0.01, "pending_requests": pending,
             "pending_prefill_tokens": 300 * pending, "priority": "realtime"})
+    order = list(range(shuffled))
+    rng.shuffle(order)
+    latencies = [(rows[j]["ttft_s"], rows[j]["tpot_s"]) for j in order]
+    for row, (ttft, tpot) in zip(rows, latencies):
+        row["ttft_s"], row["tpot_s"] = ttft, tpot
+    for row in rows:
+        log.add("requests", row)
     log.flush()
 
 
@@ -43,11 +63,14 @@ def test_the_seed_formula_predicts_until_a_model_is_trained(tmp_path, prompt):
     assert pred.e2e_s == pytest.approx(pred.ttft_s + 9 * pred.tpot_s)
 
 
-def test_too_few_requests_keep_the_current_model(tmp_path):
+@pytest.mark.parametrize("rows", [MIN_ROWS - 1, MIN_RETRAIN_ROWS - 1])
+def test_too_few_requests_keep_the_current_model(tmp_path, rows):
+    # 250: 200 to train on once the newest 20% (50) is held out to judge the candidate
+    assert MIN_RETRAIN_ROWS == 250
     with TraceLog(tmp_path / "t.duckdb") as log:
-        _requests(log, MIN_ROWS - 1, start=datetime.now(timezone.utc).timestamp() - 600)
+        _requests(log, rows, start=datetime.now(timezone.utc).timestamp() - 600)
         service = PredictionService(log, tmp_path / "latency.pkl")
-        assert service.retrain() == {"trained": False, "rows": MIN_ROWS - 1, "needed": MIN_ROWS}
+        assert service.retrain() == {"trained": False, "rows": rows, "needed": MIN_RETRAIN_ROWS}
         assert service.model.version == SEED_VERSION
 
 
@@ -57,7 +80,8 @@ def test_a_trained_model_is_saved_and_loaded_by_the_next_server(tmp_path):
         _requests(log, 600, start=datetime.now(timezone.utc).timestamp() - 3600)
         first = PredictionService(log, path)
         result = first.retrain()
-        assert result["trained"] is True and result["rows"] == 600
+        assert result["trained"] is True and result["accepted"] is True, result
+        assert result["rows"] == result["training_rows"] == 480
         again = PredictionService(log, path)
     assert again.model.version == first.model.version == result["version"]
     load = AdmissionLoad(0, 3, 0.1, 0.01, 3, 900)
@@ -76,6 +100,92 @@ def test_a_corrupt_model_file_falls_back_to_the_seed(tmp_path):
     path.write_bytes(b"not a pickle")
     with TraceLog(tmp_path / "t.duckdb") as log:
         assert PredictionService(log, path).model.version == SEED_VERSION
+
+
+# --- the retrain gate ---------------------------------------------------------------
+
+def _hour_ago() -> float:
+    return float(int(datetime.now(timezone.utc).timestamp()) - 3600)
+
+
+def _live_model(tmp_path) -> Path:
+    """A model file trained on genuine traffic in a trace file of its own (accepted
+    over the seed formula: the first-train rule)."""
+    path = tmp_path / "models" / "latency.pkl"
+    with TraceLog(tmp_path / "earlier.duckdb") as log:
+        _requests(log, 600, start=_hour_ago())
+        assert PredictionService(log, path).retrain()["accepted"] is True
+    return path
+
+
+def _decisions(log: TraceLog) -> list[tuple]:
+    rows = log.query(f"SELECT from_state, to_state, reason, details FROM policy_events "
+                     f"WHERE policy = '{GATE_EVENT}' ORDER BY ts").rows
+    return [(*row[:3], json.loads(row[3]) if isinstance(row[3], str) else row[3])
+            for row in rows]
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_shuffled_latencies_are_refused_and_the_live_model_is_kept(tmp_path):
+    path = _live_model(tmp_path)
+    digest = _digest(path)
+    with TraceLog(tmp_path / "t.duckdb") as log:
+        # the 480 requests trained on carry each other's latencies; the newest 120 do not
+        _requests(log, 600, start=_hour_ago(), shuffled=480)
+        service = PredictionService(log, path)
+        live, before = service.model, service.describe()
+        result = service.retrain(trigger="admin")
+        decisions = _decisions(log)
+    assert result["trained"] is True and result["accepted"] is False, result
+    assert result["reason"].startswith("refused: TTFT p50 median APE ")
+    assert result["candidate"]["ttft_p50_median_ape"] > 3 * result["live"]["ttft_p50_median_ape"]
+    assert result["live"]["version"] == result["version"] == live.version
+    assert service.model is live and _digest(path) == digest
+    assert {**service.describe(), "last_retrain": None} == before
+    assert service.describe()["last_retrain"]["accepted"] is False
+    ((was, now, reason, details),) = decisions
+    assert (was, now, reason) == (live.version, live.version, result["reason"])
+    assert details["accepted"] is False and details["trigger"] == "admin"
+    assert details["candidate"] == result["candidate"] and details["live"] == result["live"]
+
+
+def test_a_candidate_that_beats_the_live_model_goes_live(tmp_path):
+    path = _live_model(tmp_path)
+    with TraceLog(tmp_path / "t.duckdb") as log:
+        _requests(log, 600, start=_hour_ago(), slower=3.0)  # the engine got 3x slower
+        service = PredictionService(log, path)
+        old = service.model.version
+        result = service.retrain()
+        decisions = _decisions(log)
+    assert result["accepted"] is True, result
+    assert result["reason"].startswith("accepted: TTFT p50 median APE ")
+    for target in ("ttft", "tpot"):
+        key = f"{target}_p50_median_ape"
+        assert result["candidate"][key] < result["live"][key] / 3, key
+    new = result["candidate"]["version"]
+    assert service.model.version == result["version"] == load_model(path).version == new != old
+    ((was, now, reason, details),) = decisions
+    assert (was, now, reason) == (old, new, result["reason"])
+    assert details["accepted"] is True and details["trigger"] == "periodic"
+
+
+def test_the_held_out_requests_are_never_trained_on(tmp_path, monkeypatch):
+    trained_on = []
+    real_train = prediction.train
+    monkeypatch.setattr(prediction, "train", lambda data: trained_on.append(data)
+                        or real_train(data))
+    start = _hour_ago()
+    with TraceLog(tmp_path / "t.duckdb") as log:
+        _requests(log, 600, start=start)
+        result = PredictionService(log, None).retrain()
+    ((data,),) = [trained_on]
+    assert (len(data), result["training_rows"], result["holdout_rows"]) == (480, 480, 120)
+    assert result["holdout_window"] == [start + 480, start + 599]
+    assert data.arrival.max() == start + 479
+    assert not set(data.arrival.tolist()) & {start + i for i in range(480, 600)}
 
 
 def _snapshot(t: float, kv: float) -> EngineSnapshot:

@@ -1,17 +1,22 @@
-"""The live latency predictor and memory forecast on the session server (real engine):
-every row carries its admission load and prediction, a retrain swaps the model, and
-the forecast reaches /metrics."""
+"""The live latency predictor and memory forecast on a real server (real engine):
+every row carries its admission load and prediction, a retrain swaps the model only
+when the candidate beats it (and says why either way, in its answer, /admin/models and
+the trace log), and the forecast reaches /metrics."""
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from slo.predictor import MIN_ROWS, SEED_VERSION, seed_ttft_s
-from tests.conftest import ADMIN_TOKEN
+from observe.tracelog import TraceLog
+from slo.accuracy import GATE_EVENT
+from slo.predictor import SEED_VERSION, seed_ttft_s
+from tests.conftest import ADMIN_TOKEN, start_server, stop_server
+from tests.test_model_services import _requests
 from tests.test_serving import row_for, sample
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -58,18 +63,58 @@ def test_concurrent_requests_see_each_other_as_pending(server, model_name):
     assert max(r["pending_prefill_tokens"] for r in rows) >= 400
 
 
-def test_a_retrain_swaps_the_live_model_and_saves_it(server, model_name):
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda i: _complete(server, model_name, 20 + 37 * (i % 20)),
-                      range(MIN_ROWS + 20)))
-    result = _retrain(server, "latency")
-    assert result["trained"] is True, result
-    assert result["rows"] >= MIN_ROWS + 20 and result["version"].startswith("hgb-")
-    assert _models(server)["latency"]["version"] == result["version"]
-    assert Path(f"{server.db}.models", "latency.pkl").is_file()
-    row = row_for(server, _complete(server, model_name, 200))
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A server (real engine) started on a trace file that already holds an hour of
+    served requests whose latencies follow their prompt and load: what a retrain
+    decides on them does not depend on how busy this machine is now."""
+    tmp = tmp_path_factory.mktemp("recorded")
+    with TraceLog(tmp / "trace.duckdb") as log:
+        _requests(log, 600, start=time.time() - 3600)
+    srv = start_server(tmp, "--retrain-interval", "0", "--reselect-interval", "0")
+    yield srv
+    stop_server(srv)
+
+
+def test_a_retrain_that_beats_the_seed_swaps_the_live_model_and_saves_it(recorded):
+    result = _retrain(recorded, "latency")
+    assert result["trained"] is True and result["accepted"] is True, result
+    assert result["reason"].startswith("accepted: TTFT p50 median APE "), result
+    assert (result["live"]["version"], result["trigger"]) == (SEED_VERSION, "admin")
+    assert result["candidate"]["version"] == result["version"]
+    for target in ("ttft", "tpot"):  # the synthetic history is not the seed formula's
+        key = f"{target}_p50_median_ape"
+        assert result["candidate"][key] < result["live"][key] / 3, key
+    assert (result["training_rows"], result["holdout_rows"]) == (480, 120)
+    assert result["rows"] == 480 and result["version"].startswith("hgb-")
+    assert _models(recorded)["latency"]["version"] == result["version"]
+    assert Path(f"{recorded.db}.models", "latency.pkl").is_file()
+    model_name = httpx.get(recorded.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    row = row_for(recorded, _complete(recorded, model_name, 200))
     assert row["predictor_version"] == result["version"]
     assert 0 < row["predicted_ttft_s"] < 60 and 0 < row["predicted_tpot_s"] < 60
+
+
+def test_a_candidate_that_does_not_beat_the_live_model_is_refused(recorded):
+    """Twice on the same rows: whatever the first retrain decides, the second candidate
+    is the first's twin (same rows, same seed) and so no better than the model live
+    after the first decision. The answer, /admin/models and the trace log say so."""
+    first = _retrain(recorded, "latency")
+    live = _models(recorded)["latency"]["version"]
+    assert first["trained"] is True and first["version"] == live
+    result = _retrain(recorded, "latency")
+    assert result["trained"] is True and result["accepted"] is False, result
+    assert result["reason"].startswith("refused: TTFT p50 median APE "), result
+    assert result["version"] == result["live"]["version"] == live
+    assert result["candidate"] == {**first["candidate"], "version": result["candidate"]["version"]}
+    assert _models(recorded)["latency"]["version"] == live
+    assert _models(recorded)["latency"]["last_retrain"]["reason"] == result["reason"]
+    audit = recorded.sql(f"SELECT from_state, to_state, reason, details->>'$.trigger' AS "
+                         f"trigger FROM policy_events WHERE policy = '{GATE_EVENT}' "
+                         "ORDER BY ts DESC")
+    assert audit[0] == {"from_state": live, "to_state": live, "reason": result["reason"],
+                        "trigger": "admin"}
+    assert audit[1]["to_state"] == live and audit[1]["reason"] == first["reason"]
 
 
 def test_the_memory_forecast_reaches_metrics_and_says_which_model(server):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from slo import modelfile
-from slo.accuracy import accuracy, improvement
+from slo.accuracy import MIN_HOLDOUT, Accuracy, accuracy, improvement, judge, scores
 from slo.features import FEATURES, TrainingSet, training_sql
 from slo.forest import compile_forest
 from slo.predictor import (
@@ -250,6 +250,67 @@ def test_a_file_that_is_not_a_model_is_a_value_error(tmp_path, content):
     path.write_bytes(content)
     with pytest.raises(ValueError, match="m.pkl"):
         load_model(path)
+
+
+# --- the retrain gate ----------------------------------------------------------------
+
+def _scored(model: str, ttft: tuple, tpot: tuple | None, requests: int = 100) -> list[Accuracy]:
+    """Per target (p50 median APE, p90 coverage[, p50 mean APE]); the mean defaults to
+    the median plus 0.3. A TPOT of None: no held-out request made two tokens."""
+    def row(target, n, median, cover, mean=None):
+        return Accuracy(model, target, n, median + 0.3 if mean is None else mean, median, cover)
+    tpot_row = row("tpot_s", 0, nan, nan) if tpot is None else row("tpot_s", requests, *tpot)
+    return [row("ttft_s", requests, *ttft), tpot_row]
+
+
+nan = float("nan")
+LIVE = _scored("live", (0.20, 0.88), (0.10, 0.90))
+GATE_CASES = [
+    # id, candidate (TTFT, TPOT), accepted, reason
+    ("lower on both", ((0.10, 0.88), (0.05, 0.90)), True,
+     "accepted: TTFT p50 median APE 10.0% < 20.0%, TPOT p50 median APE 5.0% < 10.0%"),
+    ("a tie keeps the live model", ((0.20, 0.88), (0.05, 0.90)), False,
+     "refused: TTFT p50 median APE 20.0% is not below the live model's 20.0%"),
+    ("worse on one target", ((0.10, 0.88), (0.11, 0.90)), False,
+     "refused: TPOT p50 median APE 11.0% is not below the live model's 10.0%"),
+    ("a lower mean APE alone does not beat", ((0.21, 0.88, 0.01), (0.05, 0.90)), False,
+     "refused: TTFT p50 median APE 21.0% is not below the live model's 20.0%"),
+    ("a higher mean APE does not refuse", ((0.10, 0.88, 5.0), (0.05, 0.90)), True,
+     "accepted: TTFT p50 median APE 10.0% < 20.0%, TPOT p50 median APE 5.0% < 10.0%"),
+    ("coverage 5 points further from 90% is allowed", ((0.10, 0.83), (0.05, 0.95)), True,
+     "accepted: TTFT p50 median APE 10.0% < 20.0%, TPOT p50 median APE 5.0% < 10.0%"),
+    ("coverage more than 5 points further is not", ((0.10, 0.80), (0.05, 0.90)), False,
+     "refused: TTFT p90 coverage 80.0% is more than 5 points further from 90% than the "
+     "live model's 88.0%"),
+    ("a NaN never beats", ((nan, 0.88), (0.05, 0.90)), False,
+     "refused: TTFT p50 median APE nan% is not below the live model's 20.0%"),
+    ("no TPOT to judge: TTFT alone", ((0.10, 0.90), None), True,
+     "accepted: TTFT p50 median APE 10.0% < 20.0%"),
+]
+
+
+@pytest.mark.parametrize("case, candidate, accepted, reason", GATE_CASES,
+                         ids=[c[0] for c in GATE_CASES])
+def test_the_retrain_gate(case, candidate, accepted, reason):
+    live = LIVE if candidate[1] is not None else _scored("live", (0.20, 0.88), None)
+    verdict = judge(_scored("cand", *candidate), live)
+    assert (verdict.accepted, verdict.reason) == (accepted, reason)
+    assert verdict.live["version"] == "live" and verdict.candidate["version"] == "cand"
+
+
+def test_the_gate_needs_enough_held_out_requests():
+    verdict = judge(_scored("cand", (0.1, 0.9), (0.05, 0.9), requests=MIN_HOLDOUT - 1),
+                    _scored("live", (0.2, 0.9), (0.1, 0.9), requests=MIN_HOLDOUT - 1))
+    assert not verdict.accepted
+    assert verdict.reason == (f"refused: {MIN_HOLDOUT - 1} held-out requests, "
+                              f"{MIN_HOLDOUT} needed to judge")
+
+
+def test_scores_are_json_ready():
+    assert scores(_scored("m", (0.1234567, 0.9), None)) == {
+        "version": "m", "requests": 100, "ttft_p50_mape": 0.423457,
+        "ttft_p50_median_ape": 0.123457, "ttft_p90_coverage": 0.9,
+        "tpot_p50_mape": None, "tpot_p50_median_ape": None, "tpot_p90_coverage": None}
 
 
 # --- training sets -------------------------------------------------------------------

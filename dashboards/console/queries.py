@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from slo.accuracy import GATE_EVENT
+
 WINDOWS = {"5 min": 5, "15 min": 15, "1 hour": 60, "6 hours": 360, "1 day": 1440}
 METRICS = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end to end": "e2e_s"}
 PERCENTILES = (0.5, 0.95, 0.99)
@@ -137,6 +139,13 @@ def prediction_accuracy(minutes: int) -> str:
             "FILTER (tpot_s > 0) AS tpot_p90_coverage FROM requests "
             f"WHERE status = 'ok' AND ttft_s > 0 AND predicted_ttft_s IS NOT NULL "
             f"AND {_since(minutes)} GROUP BY ALL ORDER BY requests DESC")
+
+
+def last_retrain() -> str:
+    """The latency predictor's last retrain decision: its `policy_events` row."""
+    return ("SELECT ts, CAST(details->>'$.accepted' AS BOOLEAN) AS accepted, reason, "
+            "details->>'$.trigger' AS trigger, from_state, to_state FROM policy_events "
+            f"WHERE policy = '{GATE_EVENT}' ORDER BY ts DESC LIMIT 1")
 
 
 EXAMPLES = {

@@ -1,5 +1,6 @@
 """Forecasts: the KV-cache forecast as served against what happened, with the 90%
-line; predicted against actual latency; which models are live and how they scored."""
+line; predicted against actual latency; which models are live and how they scored, and
+the latency predictor's last retrain decision (accepted or refused, and why)."""
 
 from __future__ import annotations
 
@@ -57,6 +58,22 @@ def models_panel(src) -> None:
         st.caption(f"Forecast refreshed {time.time() - memory['forecast_at']:.0f} s ago.")
 
 
+def retrain_decision(src) -> None:
+    """The latency predictor's last retrain decision, from the trace log: a candidate
+    goes live only if it beats the live model on the newest requests."""
+    last = src.query(queries.last_retrain())
+    if last.empty:
+        st.caption("Latency predictor: no retrain decision yet.")
+        return
+    row = last.iloc[0]
+    when = pd.Timestamp(row["ts"]).tz_convert("UTC")
+    ago = max(0.0, time.time() - when.timestamp())
+    verdict, _, why = str(row["reason"]).partition(": ")
+    colour = "green" if verdict == "accepted" else "orange"
+    st.markdown(f"**Last latency retrain** ({when:%Y-%m-%d %H:%M:%S} UTC, {ago / 60:.0f} min "
+                f"ago, {row['trigger']}): :{colour}[{verdict}]: {why}")
+
+
 def latency_panel(src, minutes: int) -> None:
     st.subheader("Predicted against actual latency")
     pairs = src.query(queries.predicted_vs_actual(minutes))
@@ -78,6 +95,7 @@ def latency_panel(src, minutes: int) -> None:
 def render(src, minutes: int) -> None:
     memory_panel(src, minutes)
     models_panel(src)
+    retrain_decision(src)
     latency_panel(src, minutes)
 
 
