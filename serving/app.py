@@ -9,6 +9,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from serving.admin import create_admin_router
 from serving.admin_auth import admin_router
@@ -97,6 +98,12 @@ def create_app(runtime: Runtime) -> FastAPI:
         """Unknown routes and methods answer in the OpenAI error shape too."""
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ApiError(exc.status_code, code, str(exc.detail), headers=exc.headers).response()
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(_: Request, exc: ClientDisconnect):
+        """A client gone mid-upload on a route that reads its own body (the admin API):
+        nobody is left to answer, and it is no server error worth a traceback."""
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):

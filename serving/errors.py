@@ -13,7 +13,8 @@ from observe import registry as R
 # OpenAI's `error.type` per HTTP status.
 _OPENAI_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-    413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+    408: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+    422: "invalid_request_error", 429: "rate_limit_error", 431: "invalid_request_error",
     499: "client_closed_request", 503: "service_unavailable", 500: "server_error",
 }
 

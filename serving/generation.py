@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from observe import registry as R
 from serving.engine import current_request
 from serving.errors import ApiError, from_exception, from_validation, from_vllm_response
+from serving.http_limits import body_timed_out
 from serving.streaming import (
     CLIENT_CLOSED,
     TimedStreamingResponse,
@@ -147,8 +148,11 @@ async def _read_json(raw: Request, limit: int):
             body += part
             if len(body) > limit:
                 raise ApiError(413, "body_too_large", f"request body exceeds {limit} bytes")
-    except ClientDisconnect:  # gone mid-upload: the client's doing, not a server error
-        raise ClientGone from None
+    except ClientDisconnect:
+        if body_timed_out(raw.scope):  # the server cut a stalled upload and answered 408
+            raise ApiError(408, "request_timeout",
+                           "the request body did not arrive in time") from None
+        raise ClientGone from None  # gone mid-upload: the client's doing, not a server error
     try:
         text = bytes(body).decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -12,6 +12,9 @@ protocol, subclassed), where a client that never finishes a request can be seen:
   after each response).
 - max connections: a connection over the cap gets a 503 and is closed at once, so idle
   sockets cannot use up the process's file descriptors.
+- header size: more than `MAX_HEADERS` header lines or `MAX_HEADER_BYTES` of them get
+  a 431 and the connection is closed (httptools sets no bound: a 1 MB header and 20,000
+  header lines were served before, each costing the loop Python work per line).
 
 uvicorn alone arms only the keep-alive timer, and only after a first response.
 """
@@ -29,6 +32,8 @@ DEFAULT_BODY_TIMEOUT_S = 30.0
 DEFAULT_KEEP_ALIVE_S = 5.0
 MAX_DEFAULT_CONNECTIONS = 4096
 FD_HEADROOM = 256  # descriptors kept for the engine, the trace log and logs
+MAX_HEADERS = 128  # Apache's default is 100; SDKs and proxies send a few dozen
+MAX_HEADER_BYTES = 64 * 1024  # nginx's default large_client_header_buffers is 32 KiB
 BODY_TIMEOUT_KEY = "tailguard.body_timeout"  # set in the ASGI scope of a timed-out request
 
 
@@ -75,10 +80,17 @@ def protocol_class(limits: HttpLimits) -> type[HttpToolsProtocol]:
     return type("LimitedHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
 
 
+class _HeadersTooLarge(Exception):
+    """Raised from the parser callback to stop parsing a refused request."""
+
+
 class LimitedHttpProtocol(HttpToolsProtocol):
     limits = HttpLimits()
     _deadline: TimerHandle | None = None
     _in_request = False  # bytes of a request seen, headers not complete
+    _header_lines = 0
+    _header_bytes = 0
+    _refused = False  # answered 431: nothing more is parsed or answered
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -96,8 +108,30 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_request = True
+        self._header_lines = self._header_bytes = 0
         if self._deadline is None:  # a keep-alive request; the first one's runs from connect
             self._arm(self.limits.header_timeout_s, self._headers_expired)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_lines += 1
+        self._header_bytes += len(name) + len(value)
+        if self._header_lines > MAX_HEADERS or self._header_bytes > MAX_HEADER_BYTES:
+            self._refused = True
+            self._disarm()
+            self.transport.write(_error(
+                431, "Request Header Fields Too Large", "headers_too_large",
+                f"at most {MAX_HEADERS} header lines of {MAX_HEADER_BYTES} bytes in all"))
+            self.transport.close()
+            raise _HeadersTooLarge  # httptools stops; uvicorn's 400 is suppressed below
+        super().on_header(name, value)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._refused:
+            super().send_400_response(msg)
 
     def on_headers_complete(self) -> None:
         self._in_request = False

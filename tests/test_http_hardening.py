@@ -132,6 +132,37 @@ def test_half_body_connections_end_with_408_and_are_closed(hard_server):
         assert json.loads(body)["error"]["code"] == "request_timeout"
 
 
+def test_a_stalled_upload_is_logged_as_the_408_its_client_got(hard_server):
+    rid = "stalled-upload-1"
+    payload = PARTIAL_BODY.replace(b"\r\n\r\n", f"\r\nX-Request-Id: {rid}\r\n\r\n".encode())
+    closed = _wait_closed(_open(hard_server, payload), BODY_S + SLACK_S)
+    assert len(closed) == 1 and next(iter(closed.values()))[1].startswith(b"HTTP/1.1 408 ")
+    deadline = time.monotonic() + 30
+    while not (rows := hard_server.sql(
+            f"SELECT status, http_status, error_type FROM requests WHERE request_id = '{rid}'")):
+        assert time.monotonic() < deadline, "no row for the stalled upload"
+        time.sleep(0.5)
+    assert rows == [{"status": "rejected", "http_status": 408, "error_type": "request_timeout"}]
+
+
+@pytest.mark.parametrize("headers", [
+    [(f"x-many-{i}", "v") for i in range(200)],  # 20,000 of these were served before
+    [("x-big", "a" * 100_000)],  # so was a 1 MB header
+], ids=["200 header lines", "100 kB of header"])
+def test_oversized_headers_get_431_and_the_connection_is_closed(hard_server, headers):
+    head = "".join(f"{name}: {value}\r\n" for name, value in headers)
+    payload = f"GET /healthz HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode()
+    closed = _wait_closed(_open(hard_server, payload), SLACK_S)
+    assert len(closed) == 1
+    answer = next(iter(closed.values()))[1]
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert answer.count(b"HTTP/1.1 ") == 1  # uvicorn's own 400 is not sent after it
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == \
+        "headers_too_large"
+    fine = [(f"x-some-{i}", "v" * 100) for i in range(100)]  # within both bounds
+    assert _get(hard_server, "/healthz", dict(fine))[0] == 200
+
+
 def test_an_idle_keep_alive_connection_is_closed(hard_server):
     sock = _open(hard_server, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")[0]
     closed = _wait_closed([sock], KEEP_ALIVE_S + SLACK_S)
