@@ -36,6 +36,7 @@ class QueryResult:
     rows: list[tuple]
     truncated: bool = False  # more rows existed than max_rows
     types: list[str] | None = None  # DuckDB type names, e.g. "JSON", "TIMESTAMP WITH TIME ZONE"
+    truncated_by: str | None = None  # "max_rows", or "max_bytes" (a server's answer limit)
 
 
 def run_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, timeout_s: float,

@@ -164,7 +164,10 @@ def query(db, url, archive, token_file, fmt, max_rows, sql):
     except QueryError as exc:
         raise click.UsageError(one_line(exc))
     sys.stdout.write(format_result(result, fmt))
-    if result.truncated:
+    if result.truncated_by == "max_bytes":
+        click.echo(f"(truncated to {len(result.rows)} rows: the server's answer size limit)",
+                   err=True)
+    elif result.truncated:
         click.echo(f"(truncated to {max_rows} rows)", err=True)
 
 

@@ -50,4 +50,5 @@ def _error_message(exc) -> str:
 def query_url(url: str, sql: str, token_file: str | None, max_rows: int) -> QueryResult:
     data = post_admin(url, "/admin/query", {"sql": sql, "max_rows": max_rows},
                       admin_token(token_file))
-    return QueryResult(data["columns"], [tuple(r) for r in data["rows"]], data["truncated"])
+    return QueryResult(data["columns"], [tuple(r) for r in data["rows"]], data["truncated"],
+                       truncated_by=data.get("truncated_by"))

@@ -97,6 +97,16 @@ def test_query_through_the_server(server, client, model_name):
     assert out.stdout.splitlines() == ["any", "true"]
 
 
+def test_query_through_the_server_says_when_the_answer_size_cut_it(server):
+    out = tailguard("query", "--url", server.url, "--format", "csv", "--max-rows", "100000",
+                    "SELECT repeat('x', 10000) AS wide FROM range(100000)",
+                    env={"TAILGUARD_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert out.returncode == 0, out.stderr
+    rows = len(out.stdout.splitlines()) - 1
+    assert 0 < rows < 100000
+    assert out.stderr.strip() == f"(truncated to {rows} rows: the server's answer size limit)"
+
+
 def test_the_admin_api_needs_the_token(server):
     import urllib.error
 
