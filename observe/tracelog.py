@@ -3,8 +3,16 @@
 `add()` only appends to per-table column lists under a lock (a few microseconds, no
 I/O), so the server may call it from the asyncio loop. A daemon thread turns those
 lists into Arrow tables and inserts them every `flush_interval_s`, or sooner when a
-table's buffer fills. The writer never raises a write failure into `add()`: rows
-that cannot be written are counted as dropped and the server keeps serving.
+table's buffer fills. The writer never raises a write failure into `add()`.
+
+A batch that fails to write for a reason of the disk (DuckDB's OperationalError: disk
+full, file too large, read-only file) stays in memory, in order, and is written first
+by the next flush; one INSERT is one DuckDB transaction, so a failed one leaves no
+row behind and a retry duplicates nothing. Rows kept count against
+`max_pending_rows`: once it is reached `add()` drops the *new* rows, so what survives
+a long outage is its oldest rows. A batch DuckDB refuses for its content is dropped.
+`dropped` counts only rows lost for good: refused by `add()`, refused for content, or
+still unwritten at `close()`.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ _MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*(B|[KMGT]i?B)", re.IGNORECASE)
 # so this bounds how long it can stall the event loop (~2 ms for timestamps).
 CONVERT_CHUNK_ROWS: Final = 8192
 _BATCH_VIEW: Final = "__tailguard_batch"
+# What a retry may cure (IOException, TransactionException on commit, OutOfMemory...);
+# anything else (a value DuckDB refuses) would fail the same way every time.
+_RETRYABLE: Final = (duckdb.OperationalError,)
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
@@ -46,7 +57,7 @@ log = logging.getLogger(__name__)
 class TraceLogConfig:
     flush_interval_s: float | None = None  # None: $TAILGUARD_TRACE_FLUSH_S, else 1.0
     max_buffer_rows: int = 50_000  # one table's buffer this full wakes the flusher
-    max_pending_rows: int = 1_000_000  # all buffers this full: new rows are dropped
+    max_pending_rows: int = 1_000_000  # buffered + kept this many: new rows are dropped
     memory_limit: str | None = None  # None: $TAILGUARD_TRACE_MEMORY, else 512MB
 
     def __post_init__(self) -> None:
@@ -99,6 +110,8 @@ class TraceLog:
         self._conn = _open_writer(self.path, self.config.memory_limit)
         self._reader = self._conn.cursor()  # query() cursors hang off this one
         self._buffers = {name: _TableBuffer(spec) for name, spec in TABLES.items()}
+        # Batches taken from a buffer and not written yet, oldest first (flush thread only).
+        self._kept: dict[str, list[tuple[dict[str, list], int]]] = {n: [] for n in TABLES}
         self._insert_sql = {name: _insert_sql(spec) for name, spec in TABLES.items()}
         self._lock = threading.Lock()  # buffers and counters
         self._flush_lock = threading.Lock()  # the writer connection
@@ -137,23 +150,35 @@ class TraceLog:
                 self._wake.set()  # let the flusher write it; never inline
 
     # --- flushing --------------------------------------------------------------------
-    def flush(self) -> None:
-        """Write every buffered row now (the background thread calls this too)."""
+    def flush(self) -> bool:
+        """Write every buffered and kept row now (the background thread calls this too).
+        False when a write failed: that batch and every one not tried yet stay kept."""
         with self._flush_lock:
             started = time.perf_counter()
-            wrote_any = False
+            written = self._written_total()
+            ok = True
             for buffer in self._buffers.values():
                 with self._lock:
                     columns, rows = buffer.take()
-                    self._pending -= rows
+                kept = self._kept[buffer.spec.name]
                 if rows:
-                    self._write(buffer.spec, columns, rows)
-                    wrote_any = True
-            if wrote_any:
+                    kept.append((columns, rows))
+                while ok and kept:  # after one failure, keep the rest without trying
+                    ok = self._write(buffer.spec, *kept[0])
+                    if ok:
+                        kept.pop(0)
+            if self._written_total() > written:
                 self._flushes += 1
                 self._last_flush_s = time.perf_counter() - started
+            return ok
 
-    def _write(self, spec: TableSpec, columns: dict[str, list], rows: int) -> None:
+    def _written_total(self) -> int:
+        with self._lock:
+            return sum(self.written.values())
+
+    def _write(self, spec: TableSpec, columns: dict[str, list], rows: int) -> bool:
+        """Insert one batch. True when it is done with (written, or refused for its
+        content: dropped); False when it failed and is kept for a retry."""
         try:
             # A stream rather than a table: DuckDB inserts one chunk while the next is
             # converted, and the whole batch is never in memory twice.
@@ -164,22 +189,31 @@ class TraceLog:
                 self._conn.execute(self._insert_sql[spec.name])
             finally:
                 self._conn.unregister(_BATCH_VIEW)
-        except Exception as exc:  # disk full, closed file, bad value: keep serving
-            self._count_failure(spec.name, rows, exc)
-            return
+        except _RETRYABLE as exc:  # disk full, file too large, read-only: keep the rows
+            self._log_failure(exc, "keeping rows in memory until it recovers")
+            return False
+        except Exception as exc:  # a value DuckDB refuses: a retry would fail the same
+            self._drop(spec.name, rows)
+            self._log_failure(exc, f"dropped {rows} {spec.name} rows")
+            return True
         with self._lock:
             self.written[spec.name] += rows
+            self._pending -= rows
         if self._failing:
             self._failing = False
             log.warning("trace log %s: writes recovered", self.path)
+        return True
 
-    def _count_failure(self, table: str, rows: int, exc: Exception) -> None:
+    def _drop(self, table: str, rows: int) -> None:
         with self._lock:
             self.dropped[table] += rows
+            self._pending -= rows
+
+    def _log_failure(self, exc: Exception, what: str) -> None:
         if not self._failing:  # one line per failure streak, not one per flush
             self._failing = True
-            log.error("trace log %s: write failed, dropping rows until it recovers: %s: %s",
-                      self.path, type(exc).__name__, exc)
+            log.error("trace log %s: write failed, %s: %s: %s",
+                      self.path, what, type(exc).__name__, exc)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -190,7 +224,8 @@ class TraceLog:
 
     # --- lifecycle and reading -------------------------------------------------------
     def close(self) -> None:
-        """Flush what is buffered, stop the thread and close the file. Idempotent."""
+        """Flush what is buffered and kept, stop the thread and close the file; rows
+        that still cannot be written are counted as dropped. Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -198,7 +233,13 @@ class TraceLog:
         self._stop.set()
         self._wake.set()
         self._thread.join()
-        self.flush()
+        if not self.flush():  # the disk never came back: what is kept is lost now
+            lost = {name: sum(rows for _, rows in kept) for name, kept in self._kept.items()}
+            for name, rows in lost.items():
+                self._drop(name, rows)
+                self._kept[name] = []
+            log.error("trace log %s: closed while writes fail; %d rows lost", self.path,
+                      sum(lost.values()))
         with self._flush_lock, self._reader_lock:
             self._conn.close()
 

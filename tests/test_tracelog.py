@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -238,22 +239,165 @@ def test_rows_beyond_the_pending_limit_are_dropped_and_counted():
         assert log.stats()["last_flush_s"] > 0
 
 
-def test_a_failing_write_never_raises_and_counts_the_dropped_rows(db_path, caplog):
+class FailingDisk:
+    """The writer's connection with a switchable fault: while `error` is set, every
+    statement fails with it before reaching DuckDB (as a full disk fails a commit)."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+        self.conn, self.error, self.tries = conn, None, 0
+
+    def execute(self, *args):
+        if self.error is not None:
+            self.tries += 1
+            raise self.error
+        return self.conn.execute(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+def broken_log(path: str, **kw) -> tuple[TraceLog, FailingDisk]:
+    log = TraceLog(path, flush_interval_s=3600, **kw)
+    disk = log._conn = FailingDisk(log._conn)
+    disk.error = duckdb.IOException('Could not write file "trace.duckdb": File too large')
+    return log, disk
+
+
+def counts(**tables: int) -> dict[str, int]:
+    return {**dict.fromkeys(TABLES, 0), **tables}
+
+
+def test_a_failed_batch_is_kept_retried_and_written_once_when_the_disk_recovers(
+        db_path, caplog):
+    log, disk = broken_log(db_path)
+    with caplog.at_level(logging.WARNING, logger="observe.tracelog"):
+        for i in range(3):
+            log.add("requests", {"request_id": f"r{i}"})
+            log.add("spans", {"span_id": f"s{i}"})
+            assert log.flush() is False  # never raises
+        assert disk.tries == 3  # one try a flush: the first failure stops it
+        assert log.stats()["rows_dropped"] == counts()
+        assert log.stats()["rows_written"] == counts()
+        assert log.stats()["pending_rows"] == 6
+        disk.error = None
+        assert log.flush() is True
+        log.close()
+    assert log.stats()["rows_written"] == counts(requests=3, spans=3)
+    assert log.stats()["rows_dropped"] == counts()
+    assert log.stats()["pending_rows"] == 0
+    assert read_all(db_path, "SELECT request_id FROM requests ORDER BY 1") == [
+        ("r0",), ("r1",), ("r2",)]
+    assert read_all(db_path, "SELECT span_id FROM spans ORDER BY 1") == [
+        ("s0",), ("s1",), ("s2",)]
+    assert [r.getMessage() for r in caplog.records] == [  # one line a streak, one a recovery
+        f"trace log {db_path}: write failed, keeping rows in memory until it recovers: "
+        f'IOException: Could not write file "trace.duckdb": File too large',
+        f"trace log {db_path}: writes recovered"]
+
+
+def test_kept_rows_count_against_the_pending_bound_and_the_newest_are_dropped(db_path):
+    log, disk = broken_log(db_path, max_pending_rows=10)
+    for i in range(6):
+        log.add("requests", {"request_id": f"{i:02}"})
+    assert log.flush() is False
+    for i in range(6, 15):
+        log.add("requests", {"request_id": f"{i:02}"})
+    assert log.stats()["pending_rows"] == 10
+    assert log.stats()["rows_dropped"] == counts(requests=5)  # 10..14, lost for good
+    disk.error = None
+    log.close()
+    assert read_all(db_path, "SELECT request_id FROM requests ORDER BY 1") == [
+        (f"{i:02}",) for i in range(10)]
+    assert log.stats()["rows_written"] == counts(requests=10)
+
+
+def test_rows_still_kept_at_close_are_counted_as_dropped(db_path, caplog):
     log = TraceLog(db_path, flush_interval_s=3600)
-    log._conn.close()  # the file goes away under the writer, as a full disk would
+    log._conn.close()  # the file goes away under the writer for good
     with caplog.at_level(logging.ERROR, logger="observe.tracelog"):
         for _ in range(3):
             log.add("requests", {"request_id": "lost"})
             log.add("spans", {"span_id": "lost"})
             log.flush()
-    assert log.stats()["rows_dropped"] == {**dict.fromkeys(TABLES, 0), "requests": 3, "spans": 3}
-    assert log.stats()["rows_written"]["requests"] == 0
-    assert len(caplog.records) == 1  # one line per failure streak
-    assert "write failed" in caplog.records[0].getMessage()
-    log.close()
-    log.close()  # idempotent
+        assert log.stats()["rows_dropped"] == counts()  # kept, not lost yet
+        assert log.stats()["pending_rows"] == 6
+        log.close()
+        log.close()  # idempotent
+    assert log.stats()["rows_dropped"] == counts(requests=3, spans=3)
+    assert log.stats()["pending_rows"] == 0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"trace log {db_path}: write failed, keeping rows in memory until it recovers: "
+        "ConnectionException: Connection Error: Connection already closed!",
+        f"trace log {db_path}: closed while writes fail; 6 rows lost"]
     log.add("requests", {"request_id": "late"})  # after close: counted, not raised
     assert log.stats()["rows_dropped"]["requests"] == 4
+
+
+def test_a_batch_duckdb_refuses_for_its_content_is_dropped_not_retried(db_path, caplog):
+    log, disk = broken_log(db_path)
+    disk.error = duckdb.ConversionException("Could not convert string 'x' to INT32")
+    log.add("requests", {"request_id": "bad"})
+    with caplog.at_level(logging.ERROR, logger="observe.tracelog"):
+        assert log.flush() is True
+    assert log.stats()["rows_dropped"] == counts(requests=1)
+    assert "dropped 1 requests rows" in caplog.records[0].getMessage()
+    disk.error = None
+    log.add("requests", {"request_id": "good"})
+    log.close()
+    assert disk.tries == 1
+    assert read_all(db_path, "SELECT request_id FROM requests") == [("good",)]
+
+
+# A real disk fault: a child process whose file-size limit (RLIMIT_FSIZE, which binds
+# root too) is lowered under the writer and raised again.
+FSIZE_CHILD = r"""
+import json, resource, signal, sys
+from observe.tracelog import TraceLog
+# CPython ignores SIGXFSZ from startup, so a write past the limit fails with EFBIG.
+assert signal.getsignal(signal.SIGXFSZ) == signal.SIG_IGN
+path, limit = sys.argv[1], int(sys.argv[2])
+log = TraceLog(path, flush_interval_s=3600)
+def batch(tag):
+    for i in range(20_000):
+        log.add("requests", {"request_id": f"{tag}-{i}", "prompt_tokens": i})
+        log.add("spans", {"span_id": f"{tag}-{i}", "attributes": {"i": i}})
+batch("before")
+assert log.flush()
+size = max(resource.getrlimit(resource.RLIMIT_FSIZE)[0], 0)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+batch("during")
+failed = [log.flush(), log.flush()]
+during = log.stats()
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+recovered = log.flush()
+log.close()
+print(json.dumps({"failed": failed, "during": during, "recovered": recovered,
+                  "after": log.stats()}))
+"""
+
+
+@pytest.mark.parametrize("limit", [0, "size"], ids=["nothing-writable", "disk-full"])
+def test_a_real_file_size_limit_keeps_rows_and_the_retry_duplicates_nothing(
+        db_path, limit, caplog):
+    TraceLog(db_path).close()
+    cap = 0 if limit == 0 else Path(db_path).stat().st_size + 300_000  # room for a part
+    done = subprocess.run([sys.executable, "-c", FSIZE_CHILD, db_path, str(cap)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["failed"] == [False, False] and out["recovered"] is True
+    assert out["during"]["rows_written"] == counts(requests=20_000, spans=20_000)
+    assert out["during"]["pending_rows"] == 40_000
+    assert out["after"]["rows_written"] == counts(requests=40_000, spans=40_000)
+    assert out["after"]["rows_dropped"] == counts()
+    assert "File too large" in done.stderr
+    assert done.stderr.count("write failed") == 1
+    assert done.stderr.count("writes recovered") == 1
+    assert read_all(db_path, "SELECT count(*), count(DISTINCT request_id), "
+                             "sum(prompt_tokens) FROM requests") == [
+        (40_000, 40_000, 2 * 199_990_000)]
+    assert read_all(db_path, "SELECT count(*), count(DISTINCT span_id) FROM spans") == [
+        (40_000, 40_000)]
 
 
 # --- reading -------------------------------------------------------------------------
