@@ -120,9 +120,18 @@ def _served_accuracy(db: str) -> str:
         raise click.UsageError(one_line(exc))
 
 
+FORECAST_EXTRA = "tailguard[forecast]"  # pyproject.toml's extra with PyTorch
+
+
 @click.group()
 def forecast():
-    """KV-cache / memory forecaster (LSTM against baselines)."""
+    """KV-cache / memory forecaster (LSTM against baselines). Needs PyTorch:
+    pip install 'tailguard[forecast]'."""
+    try:
+        import torch  # noqa: F401  (every subcommand fits or loads the LSTM)
+    except ImportError:
+        raise click.UsageError(f"tailguard forecast needs PyTorch for its LSTM: "
+                               f"pip install '{FORECAST_EXTRA}'") from None
 
 
 _TARGET = click.option("--target", type=click.Choice(["kv_cache_usage", "rss_bytes"]),

@@ -13,6 +13,8 @@ import functools
 import json
 import math
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -304,3 +306,53 @@ def test_bad_options_are_one_line(trace_file, args, needle):
     if needle != "--db":
         args = [*args, "--db", str(trace_file)]
     assert needle in usage_error(tailguard(*args))
+
+
+# --- without PyTorch -------------------------------------------------------------------
+
+# `tailguard` as a user without torch runs it: importing torch fails as for a package
+# never installed (a finder, not sys.modules["torch"] = None, which breaks scipy's own
+# "is torch loaded?" checks and so every sklearn import).
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTorch())
+from tailguard.cli import main
+sys.argv[0] = "tailguard"
+main()
+"""
+
+
+def without_torch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", NO_TORCH, *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command", [["forecast", "eval"], ["forecast", "train"]])
+def test_forecast_without_torch_names_the_extra_in_one_line(trace_file, command):
+    done = without_torch(*command, "--db", str(trace_file))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == ("tailguard: error: tailguard forecast needs PyTorch for its LSTM: "
+                           "pip install 'tailguard[forecast]'\n")
+
+
+def test_predict_needs_no_torch(trace_file, tmp_path):
+    done = without_torch("predict", "train", "--db", str(trace_file), "--out",
+                         str(tmp_path / "latency.pkl"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert load_model(tmp_path / "latency.pkl").version.startswith("hgb-")
+
+
+def test_the_forecast_extra_declares_torch():
+    import tomllib
+    from pathlib import Path
+
+    from tailguard.cmd_predict import FORECAST_EXTRA
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    extra = FORECAST_EXTRA.removeprefix("tailguard[").removesuffix("]")
+    assert [d for d in project["project"]["optional-dependencies"][extra]
+            if d.startswith("torch")] == ["torch>=2.1"]
