@@ -1,19 +1,24 @@
 """Durability of the trace log on a real server: a SIGKILL under load loses at most the
 last flush interval and leaves a file that opens cleanly; a restarted server keeps the
-old rows; a trace file that turns read-only and a full disk cost rows (counted on
-/metrics, logged), never requests.
+old rows; a trace file that cannot be written, or a full disk, costs no request and,
+once it can be written again, no row: the writer keeps what it could not write and
+writes it then (one log line when writes fail, one when they recover).
 
 Two server starts for the module: server A (default 1 s flush) is killed under load,
-server B restarts on the same file and then has its file made immutable and its disk
-filled. The trace file lives on a small filesystem of its own when one can be mounted
-(an ext4 loop image: `chattr +i` and ENOSPC both work there, even for root, who
-ignores file modes), else on a tmpfs (disk full only), else in tmp_path.
+server B restarts on the same file and then has its writes fail. Everywhere (CI too):
+a file-size limit (RLIMIT_FSIZE, set on the running server with prlimit(2); it binds
+root, who ignores file modes) of 0 bytes makes every write fail, one at the current
+WAL size leaves the files no room to grow, and raising it is the repair. Where the
+trace file's own small filesystem can be mounted (an ext4 loop image, else a tmpfs)
+it is also made immutable (`chattr +i`) and filled to ENOSPC; those cases skip, with
+the reason, where the machine cannot build them.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -47,8 +52,11 @@ def _start(db: Path, log: Path, *extra: str) -> Server:
     env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=ADMIN_TOKEN)
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db", str(db),
            "--retrain-interval", "0", "--reselect-interval", "0", *extra]
-    process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                               start_new_session=True)
+    # Through a pipe, copied here: a file-size limit on the server must not cut its log.
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True, bufsize=0)
+    threading.Thread(target=shutil.copyfileobj, args=(process.stdout, log.open("wb", 0)),
+                     daemon=True).start()
     server = Server(f"http://127.0.0.1:{port}", db, process, log)
     try:
         _wait_ready(server)
@@ -319,16 +327,20 @@ def _immutability_holds_for_open_files(directory: Path) -> str | None:
             probe.unlink()
 
 
-def _flush(server: Server) -> dict[str, int]:
-    """Write (or drop) every buffered row now; the writer's drop counts by table."""
-    return server.admin("/admin/flush")["rows_dropped"]
+def _flush(server: Server) -> dict:
+    """Write every buffered and kept row now, if the file takes them; the writer's stats."""
+    return server.admin("/admin/flush")
 
 
-def _failure_phase(server: Server, make_fail, undo, expected_error: str) -> tuple[int, int]:
-    """Break the file; serving must go on, every row the writer could not write must be
-    counted (by the writer and on /metrics) and be really absent; then repair it.
-    Returns (requests sent while broken, their rows dropped)."""
+def _failure_phase(server: Server, make_fail, undo, expected_error: str,
+                   one_streak: bool = True) -> int:
+    """Break the file; serving must go on, the writer must keep every row it could not
+    write (none dropped, on the writer or on /metrics) and log the failure once; then
+    repair it: every row of every answered request is in the file exactly once.
+    `one_streak=False` where a write may get through mid-phase (a full disk frees the
+    space of a failed commit). Returns the rows kept while the file was broken."""
     before = _flush(server)
+    metrics_before = dropped(server)
     log_start = server.log.stat().st_size
     make_fail()
     try:
@@ -337,32 +349,66 @@ def _failure_phase(server: Server, make_fail, undo, expected_error: str) -> tupl
             resp = completion(server)
             assert resp.status_code == 200, resp.text
             ids.append(resp.headers["x-request-id"])
+            _flush(server)  # a failed write per request: still one log line
         assert httpx.get(server.url + "/readyz", timeout=10).status_code == 200
-        broken = _flush(server)  # every row of those requests is written or dropped now
-        assert sum(broken.values()) > sum(before.values())
-        # /metrics follows the writer's counts once a second.
-        wait_for(lambda: all(dropped(server).get(t, 0) >= n for t, n in broken.items()), 10,
-                 "tailguard_trace_rows_dropped_total catches up with the writer")
-        assert dropped(server).get("requests", 0) == broken["requests"]  # no request since
-        log = server.log.read_text()[log_start:]
-        assert "write failed, dropping rows until it recovers" in log, log[-2000:]
-        assert expected_error in log, log[-2000:]
+        broken = _flush(server)
+        assert broken["pending_rows"] >= len(ids)  # kept: at least the request rows
+        assert broken["rows_dropped"] == before["rows_dropped"]
+        time.sleep(1.5)  # /metrics follows the writer's counts once a second
+        assert dropped(server) == metrics_before
+        log = server.log.read_text()[log_start:]  # the log comes through a pipe:
+        assert expected_error in log, log[-2000:]  # by now (1.5 s) it is all here
+        if one_streak:
+            assert log.count("write failed, keeping rows in memory until it recovers") == 1
+            assert "writes recovered" not in log
     finally:
         undo()
+    assert server.process.poll() is None, "the server died"
     resp = completion(server)
     assert resp.status_code == 200, resp.text
+    ids.append(resp.headers["x-request-id"])
+    repaired = _flush(server)
+    assert repaired["rows_dropped"] == before["rows_dropped"]  # nothing lost for good
     wait_for(lambda: "writes recovered" in server.log.read_text()[log_start:], 15,
              "the writer logs its recovery")
-    quoted = ", ".join(f"'{i}'" for i in [*ids, resp.headers["x-request-id"]])
-    got = {r["request_id"] for r in server.sql(
-        f"SELECT request_id FROM requests WHERE request_id IN ({quoted})")}
-    assert resp.headers["x-request-id"] in got
-    lost = len(set(ids) - got)
-    assert lost == broken["requests"] - before["requests"]  # counted == really missing
-    return len(ids), lost
+    if one_streak:
+        log = server.log.read_text()[log_start:]
+        assert (log.count("write failed"), log.count("writes recovered")) == (1, 1), log[-3000:]
+    quoted = ", ".join(f"'{i}'" for i in ids)
+    rows = server.sql(f"SELECT request_id, count(*) AS n FROM requests "
+                      f"WHERE request_id IN ({quoted}) GROUP BY 1")
+    assert {r["request_id"]: r["n"] for r in rows} == dict.fromkeys(ids, 1)
+    spans = server.sql(f"SELECT count(DISTINCT request_id) AS n FROM spans "
+                       f"WHERE request_id IN ({quoted})")
+    assert spans == [{"n": len(ids)}]
+    return broken["pending_rows"]
 
 
-def test_a_read_only_trace_file_costs_rows_not_requests(restarted):
+def _file_size_limit(server: Server, limit: int):
+    """(make_fail, undo): the server's RLIMIT_FSIZE lowered to `limit` bytes, then
+    raised back (its hard limit is untouched, so no privilege is needed)."""
+    pid = server.process.pid
+    saved = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+    return (lambda: resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, saved[1])),
+            lambda: resource.prlimit(pid, resource.RLIMIT_FSIZE, saved))
+
+
+def test_a_trace_file_nothing_can_be_written_to_costs_no_request_and_no_row(restarted):
+    # 0 bytes: every write fails with EFBIG, in place or at the end, as on a file
+    # that turned read-only. Without SIGXFSZ ignored the server would die here.
+    kept = _failure_phase(restarted, *_file_size_limit(restarted, 0), "File too large")
+    print(f"\nfile-size limit 0: {kept} rows kept in memory, then written")
+
+
+def test_a_trace_file_with_no_room_to_grow_costs_no_request_and_no_row(restarted):
+    _flush(restarted)
+    wal = restarted.db.with_name(restarted.db.name + ".wal")
+    limit = wal.stat().st_size if wal.exists() else 0  # the WAL cannot take one commit
+    kept = _failure_phase(restarted, *_file_size_limit(restarted, limit), "File too large")
+    print(f"\nfile-size limit at the WAL's {limit} bytes: {kept} rows kept, then written")
+
+
+def test_a_read_only_trace_file_costs_no_request_and_no_row(restarted):
     directory = restarted.db.parent
     why = _immutability_holds_for_open_files(directory)
     if why:
@@ -370,12 +416,11 @@ def test_a_read_only_trace_file_costs_rows_not_requests(restarted):
     # Root ignores file modes (chmod 0444 changes nothing); the immutable flag holds.
     targets = [p for p in directory.iterdir() if p.name.startswith(restarted.db.name)]
     targets.append(directory)
-    sent, lost = _failure_phase(restarted, lambda: _immutable(targets, True),
-                                lambda: _immutable(targets, False), "Operation not permitted")
-    assert lost == sent  # nothing can be written while the file is immutable
+    _failure_phase(restarted, lambda: _immutable(targets, True),
+                   lambda: _immutable(targets, False), "Operation not permitted")
 
 
-def test_a_full_disk_costs_rows_not_requests(small_fs, restarted):
+def test_a_full_disk_costs_no_request_and_no_row(small_fs, restarted):
     if not small_fs.mounted:
         pytest.skip("cannot mount a small filesystem to fill: " + "; ".join(small_fs.why_not))
     filler = small_fs.path / "filler"
@@ -391,7 +436,7 @@ def test_a_full_disk_costs_rows_not_requests(small_fs, restarted):
             os.fsync(f.fileno())
         assert shutil.disk_usage(small_fs.path).free < 64 * 1024
 
-    # A failed commit gives its space back, so a small batch may still fit now and then:
-    # some rows of the phase are written, the rest are dropped and counted.
-    sent, lost = _failure_phase(restarted, fill, filler.unlink, "No space left on device")
-    print(f"\ndisk full ({small_fs.kind}): {lost}/{sent} request rows dropped")
+    # A failed commit gives its space back, so a small batch may still fit now and then.
+    kept = _failure_phase(restarted, fill, filler.unlink, "No space left on device",
+                          one_streak=False)
+    print(f"\ndisk full ({small_fs.kind}): {kept} rows kept in memory, then written")
