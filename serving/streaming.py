@@ -87,9 +87,24 @@ async def observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
                      R.STATUS_ABORTED)
         raise
     finally:
-        await chunks.aclose()  # ends the engine requests now if they still run
         rec.end = time.monotonic()
+        # In a task of its own: a client gone mid-read cancels this task's scope for
+        # good (anyio re-raises at every later await in it), and the record must still
+        # be completed and finished.
+        closing = asyncio.ensure_future(_close(chunks, rec, span, runtime))
+        _closing.add(closing)
+        closing.add_done_callback(_closing.discard)
+        await asyncio.shield(closing)
+
+
+_closing: set[asyncio.Task] = set()  # strong references until each has run
+
+
+async def _close(chunks: AsyncIterator[str], rec, span, runtime) -> None:
+    try:
+        await chunks.aclose()  # ends the engine requests now if they still run
         await settle(runtime, rec)
+    finally:
         runtime.observer.finish(rec, span)
 
 
