@@ -469,6 +469,13 @@ def test_generated_bodies_never_fail_the_server(server):
     assert_still_serving(server)
 
 
+MAX_QUERY_ROWS = 100_000  # the documented bounds of `max_rows` (docs/trace-log.md)
+DEFAULT_QUERY_ROWS = 10_000
+RANGE_ROWS = 300
+RANGE_SQL = f"SELECT * FROM range({RANGE_ROWS})"
+MAX_ROWS_ERROR = f"max_rows must be an integer in 1..{MAX_QUERY_ROWS}"
+
+
 @st.composite
 def admin_queries(draw):
     sql = draw(st.one_of(
@@ -478,16 +485,48 @@ def admin_queries(draw):
                          "COPY requests TO 'x.csv'", "SELECT * FROM read_csv('/etc/passwd')",
                          "WITH x AS (DELETE FROM requests RETURNING *) SELECT * FROM x",
                          "ATTACH ':memory:' AS m", "PRAGMA version", "SELECT 'é'"]),
+        st.just(RANGE_SQL),  # more rows than many max_rows: the cap is seen to hold
         st.text(max_size=40), WILD))
     body = {"sql": sql}
     if draw(st.booleans()):
-        # ints >= -1 and strings only: anything else is a known 500 (see xfail below)
         body["max_rows"] = draw(st.one_of(st.integers(-1, 10**6), st.sampled_from(
-            ["10", "x", "", "1.5"]), st.booleans()))
+            ["10", "x", "", "1.5", None]), st.booleans()))
     body.update(draw(st.dictionaries(st.sampled_from(["params", "format", "x"]), WILD,
                                      max_size=1)))
     return draw(st.one_of(st.just(json.dumps(body).encode()), st.just(json.dumps(body).encode()),
                           raw_body(None)))
+
+
+def asked_body(content: bytes) -> dict | None:
+    """The JSON object sent, when it is one with a usable `sql`."""
+    try:
+        body = json.loads(content)
+    except (ValueError, RecursionError):
+        return None
+    ok = isinstance(body, dict) and isinstance(body.get("sql"), str) and body["sql"].strip()
+    return body if ok else None
+
+
+def assert_max_rows_held(body: dict | None, response, where: str) -> None:
+    """`max_rows` outside 1..100000 (or not an integer) is a 400 naming the range; inside
+    it, an answer holds at most that many rows, and a 300-row query exactly
+    min(max_rows, 300), cut and said so when there were more."""
+    if body is None:
+        return
+    asked = body.get("max_rows", DEFAULT_QUERY_ROWS)
+    if isinstance(asked, bool) or not isinstance(asked, int) or not 1 <= asked <= MAX_QUERY_ROWS:
+        assert response.status_code == 400, f"{where} -> {response.text[:300]}"
+        assert response.json()["error"]["message"] == MAX_ROWS_ERROR, where
+        return
+    if response.status_code != 200:
+        return  # the SQL was refused
+    answer = response.json()
+    assert len(answer["rows"]) <= asked, where
+    if body["sql"] == RANGE_SQL:
+        cut = asked < RANGE_ROWS
+        assert answer["rows"] == [[i] for i in range(min(asked, RANGE_ROWS))], where
+        assert (answer["truncated"], answer["truncated_by"]) == (
+            cut, "max_rows" if cut else None), where
 
 
 def test_admin_query_bodies_never_fail_the_server(server):
@@ -508,6 +547,7 @@ def test_admin_query_bodies_never_fail_the_server(server):
         else:
             body = response.json()
             assert isinstance(body["columns"], list) and isinstance(body["rows"], list)
+        assert_max_rows_held(asked_body(content), response, where)
 
     fuzz()
     after = client.post(server.url + "/admin/query", json=count_sql).json()["rows"][0][0]
@@ -543,9 +583,45 @@ def test_fixed_admin_query_max_rows_of_any_type_is_a_400(server, max_rows):
     body = json.dumps({"sql": "SELECT 1", "max_rows": max_rows}).encode()
     response = httpx.post(server.url + "/admin/query", content=body, timeout=60,
                           headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert response.status_code in (200, 400), response.text[:200]
-    if response.status_code == 400:
-        assert_openai_error(response, str(max_rows))
+    assert response.status_code == 400, response.text[:200]
+    assert assert_openai_error(response, str(max_rows))["message"] == MAX_ROWS_ERROR
+
+
+def test_admin_query_max_rows_of_any_value_is_held_exactly(server):
+    """`max_rows` around the query's 300 rows and the 1..100000 bounds, and of other
+    types: exactly min(max_rows, 300) rows, or a 400 naming the range."""
+    client = httpx.Client(timeout=60, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+
+    @settings(FUZZ, max_examples=40)
+    @given(max_rows=st.one_of(
+        st.integers(-2, 2 * RANGE_ROWS), st.integers(MAX_QUERY_ROWS - 2, MAX_QUERY_ROWS + 2),
+        st.sampled_from([None, "10", 1.5, 1e400, True, [], {}])))
+    def fuzz(max_rows):
+        content = json.dumps({"sql": RANGE_SQL, "max_rows": max_rows}).encode()
+        response = client.post(server.url + "/admin/query", content=content)
+        assert_max_rows_held(asked_body(content), response, f"max_rows={max_rows!r}")
+
+    fuzz()
+
+
+@pytest.mark.parametrize(("max_rows", "rows", "truncated_by"), [
+    (1, 1, "max_rows"), (RANGE_ROWS - 1, RANGE_ROWS - 1, "max_rows"),
+    (RANGE_ROWS, RANGE_ROWS, None), (MAX_QUERY_ROWS, RANGE_ROWS, None), (0, None, None),
+    (MAX_QUERY_ROWS + 1, None, None)])
+def test_admin_query_answers_exactly_max_rows_rows_and_refuses_outside_the_range(
+        server, max_rows, rows, truncated_by):
+    response = httpx.post(server.url + "/admin/query", timeout=60,
+                          json={"sql": RANGE_SQL, "max_rows": max_rows},
+                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    if rows is None:
+        assert response.status_code == 400
+        assert response.json()["error"]["message"] == MAX_ROWS_ERROR
+        return
+    assert response.status_code == 200, response.text[:200]
+    answer = response.json()
+    assert answer["rows"] == [[i] for i in range(rows)]
+    assert (answer["truncated"], answer["truncated_by"]) == (truncated_by is not None,
+                                                             truncated_by)
 
 
 @pytest.mark.parametrize("method,path", [("GET", "/v1/completions"), ("GET", "/v1/nope"),
