@@ -88,7 +88,8 @@ def _latency(prom: str, otel: str, what: str, buckets=LATENCY_BUCKETS_S) -> Metr
 
 TTFT: Final = _latency(
     "gen_ai_server_time_to_first_token_seconds", "gen_ai.server.time_to_first_token",
-    "Time from request arrival to the first output token.")
+    "Time from HTTP arrival to the engine's first output token reaching the server, "
+    "streamed or not (vLLM's TTFT plus the time before the engine).")
 TPOT: Final = _latency(
     "gen_ai_server_time_per_output_token_seconds", "gen_ai.server.time_per_output_token",
     "Mean time per output token after the first (decode time / (output tokens - 1)).",

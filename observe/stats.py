@@ -45,6 +45,10 @@ class EngineTimes:
     last_token: float
     preemptions: int = 0
     accepted: float | None = None  # the engine client (AsyncLLM) took the request in
+    # The engine client (in this process) took in the engine output carrying the first
+    # token: the end point of vLLM's own TTFT (`first_token_latency`). Streamed or not:
+    # a non-streamed request's first output reaches its reader only at the end.
+    first_token_seen: float | None = None
 
     @classmethod
     def from_vllm(cls, stats, clock: "WallClock | None" = None) -> "EngineTimes | None":
@@ -53,20 +57,24 @@ class EngineTimes:
             return None
         first = stats.first_token_ts or stats.scheduled_ts
         last = stats.last_token_ts or first
-        accepted = None
+        accepted = seen = None
         if clock is not None and stats.arrival_time:  # a wall-clock stamp of the frontend
             accepted = min(clock.monotonic(stats.arrival_time), stats.queued_ts)
+            if stats.first_token_ts and stats.first_token_latency > 0:
+                # vLLM: arrival_time -> its output processor's time.time() for the first
+                # token; never before the engine core made it (a wall-clock step)
+                seen = max(accepted + stats.first_token_latency, first)
         return cls(stats.queued_ts, stats.scheduled_ts, first, last, stats.num_preemptions,
-                   accepted)
+                   accepted, seen)
 
     def merge(self, other: "EngineTimes") -> "EngineTimes":
         """Span of several engine requests serving one HTTP request."""
-        accepted = [t for t in (self.accepted, other.accepted) if t is not None]
         return EngineTimes(min(self.queued, other.queued), min(self.scheduled, other.scheduled),
                            min(self.first_token, other.first_token),
                            max(self.last_token, other.last_token),
                            self.preemptions + other.preemptions,
-                           min(accepted) if accepted else None)
+                           _earliest(self.accepted, other.accepted),
+                           _earliest(self.first_token_seen, other.first_token_seen))
 
     @property
     def queue_start(self) -> float:
@@ -87,6 +95,10 @@ class EngineTimes:
     @property
     def decode_s(self) -> float:  # first token -> last token
         return self.last_token - self.first_token
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 @dataclass(slots=True)
@@ -170,7 +182,9 @@ class RequestRecord:
     output_tokens: int = 0
     max_tokens: int | None = None
     engine: EngineTimes | None = None
-    first_token: float | None = None  # monotonic, first token reached the server
+    # monotonic, the first output with tokens reached the server; a non-streamed
+    # request's only output is its last (vLLM FINAL_ONLY): TTFT reads `first_token_at`
+    first_token: float | None = None
     end: float | None = None  # monotonic, response finished
     tally: SamplingTally = field(default_factory=SamplingTally)
     slo_ttft_target_s: float | None = None
@@ -202,8 +216,20 @@ class RequestRecord:
         return max(0.0, self.engine.accepted - self.arrival)
 
     @property
+    def first_token_at(self) -> float | None:
+        """When the first token was made, as TTFT counts it (monotonic): the engine's
+        output carrying it reached the engine client in this process (vLLM's own TTFT
+        end point; the earliest over a request's engine requests). From the engine's
+        stats, so a non-streamed request is not timed at its end; what the server saw
+        when the stats lack it."""
+        seen = None if self.engine is None else self.engine.first_token_seen
+        return self.first_token if seen is None else seen
+
+    @property
     def ttft_s(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
+        """HTTP arrival -> `first_token_at`: the pre-engine time plus vLLM's TTFT."""
+        at = self.first_token_at
+        return None if at is None else max(0.0, at - self.arrival)
 
     @property
     def tpot_s(self) -> float | None:
