@@ -144,7 +144,8 @@ MEMORY_FORECAST: Final = MetricDef(
     "Forecast KV-cache usage at the given horizon.", (LABEL_HORIZON,))
 TRACE_ROWS_DROPPED: Final = MetricDef(
     "tailguard_trace_rows_dropped_total", "tailguard.trace.rows_dropped", "", "counter",
-    "Trace-log rows dropped because the writer could not keep up or write.", (LABEL_TABLE,))
+    "Trace-log rows lost for good: the memory bound was reached while the writer was "
+    "behind or failing, or DuckDB refused their content.", (LABEL_TABLE,))
 
 LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
