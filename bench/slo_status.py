@@ -1,8 +1,11 @@
 """Benchmark: `tailguard slo status` over a synthetic 10M-request trace log.
 
-Generates the log in SQL (30 days of arrivals, mixed context lengths and outcomes),
-then times the one-pass status query for every SLO, window, context bucket and
-priority. Goal: < 1 s.
+Generates the log in SQL (30 days of arrivals before now, mixed context lengths and
+outcomes), then times the product's own query path: the `tailguard slo status --db
+FILE --groups --format json` command, run in this process (no interpreter start-up),
+which opens the file read-only through `observe.query.query_file` (the SQL gate, its
+row and time limits) and computes every SLO, window, context bucket and priority with
+`slo.budget.compute_status`, the code `GET /admin/slo` runs too. Goal: < 1 s.
 
     python bench/slo_status.py --rows 10000000 --repeat 5
 """
@@ -10,6 +13,7 @@ priority. Goal: < 1 s.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -17,12 +21,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
+from click.testing import CliRunner
 
 from observe.tracelog import TraceLog
-from slo.budget import compute_status
 from slo.spec import load_spec
-
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+from tailguard.cli import main as tailguard
 
 FILL = """
 INSERT INTO requests (request_id, arrival_ts, status, http_status, priority, prompt_tokens,
@@ -46,40 +49,49 @@ FROM (SELECT i, CASE WHEN hash(i * 5) % 10 < 7 THEN 200 + hash(i) % 300
 """
 
 
-def build(path: Path, rows: int) -> float:
-    TraceLog(str(path)).close()  # the real schema
+def build(path: Path, rows: int, now: datetime) -> float:
+    """The real schema, filled with `rows` requests from the 30 days before `now`."""
+    TraceLog(str(path)).close()
     start = time.perf_counter()
     with duckdb.connect(str(path)) as conn:
-        conn.execute(FILL.format(now=NOW.isoformat(), rows=rows))
+        conn.execute(FILL.format(now=now.isoformat(), rows=rows))
     return time.perf_counter() - start
 
 
+def slo_status(path: Path) -> dict:
+    """What `tailguard slo status --db PATH --groups --format json` prints, parsed."""
+    result = CliRunner().invoke(tailguard, ["slo", "status", "--db", str(path), "--groups",
+                                            "--format", "json"])
+    if result.exit_code != 0:
+        raise RuntimeError(f"tailguard slo status failed: {result.output}") from result.exception
+    return json.loads(result.output)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     spec = load_spec()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.duckdb"
-        print(f"generated {args.rows:,} rows in {build(path, args.rows):.1f} s")
-        conn = duckdb.connect(str(path), read_only=True)
-
-        def query(sql):
-            cur = conn.execute(sql)
-            return [d[0] for d in cur.description], cur.fetchall()
-
+        took = build(path, args.rows, datetime.now(timezone.utc))
+        print(f"generated {args.rows:,} rows in {took:.1f} s")
         times = []
-        for _ in range(args.repeat):
+        for i in range(args.repeat):
             start = time.perf_counter()
-            status = compute_status(query, spec, NOW)
+            status = slo_status(path)
             times.append(time.perf_counter() - start)
-    ttft = status.overall()[0]
+            print(f"run {i}: {times[-1]:.3f} s", flush=True)
+    overall = [s for s in status["slos"] if not s["group"]]
+    ttft = overall[0]
     print("| rows | SLOs | windows | groups | status time median (min-max) |")
     print("|---|---|---|---|---|")
-    print(f"| {args.rows:,} | {len(spec.slos)} | {len(ttft.windows)} | {len(status.slos) // len(spec.slos)}"
-          f" | {statistics.median(times):.3f} s ({min(times):.3f}-{max(times):.3f}) |")
-    print(f"ttft attainment {ttft.attainment:.4f}, budget remaining {ttft.budget_remaining:.3f}")
+    print(f"| {args.rows:,} | {len(spec.slos)} | {len(ttft['windows'])} "
+          f"| {len(status['slos']) // len(spec.slos)} | {statistics.median(times):.3f} s "
+          f"({min(times):.3f}-{max(times):.3f}) |")
+    print(f"{ttft['name']} attainment {ttft['attainment']:.4f}, "
+          f"budget remaining {ttft['budget_remaining']:.3f}")
 
 
 if __name__ == "__main__":
