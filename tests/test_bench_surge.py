@@ -1,0 +1,150 @@
+"""The policy-surge benchmark's scoring (bench/policy_surge.py): smooth goodput, the
+realtime lane's attainment with demotion as a miss, the on/off comparison and the
+alternating order. Every figure here can come out against the policies."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.policy_surge import (
+    Outcome,
+    compare,
+    credit,
+    goodput,
+    goodput_per_served,
+    lane_attainment,
+    outcome,
+    side_order,
+    smooth_goodput,
+    summarize,
+)
+from serving.loadgen import Result
+from slo.targets import DEFAULT_TTFT_TARGET
+
+ASK = 64  # max_tokens the surge workload asks
+PROMPT = 100
+TARGET_S = DEFAULT_TTFT_TARGET(PROMPT)
+
+
+def on_time(got: int = ASK, kept: int = PROMPT) -> Outcome:
+    return Outcome(True, True, ASK, got, PROMPT, kept)
+
+
+LATE = Outcome(True, False, ASK, ASK, PROMPT, PROMPT)
+SHED = Outcome(False, False, ASK, 0, PROMPT, PROMPT)
+
+
+@pytest.mark.parametrize(("o", "want"), [
+    (on_time(), 1.0),
+    (SHED, 0.0),
+    (LATE, 0.0),
+    (on_time(got=16), 0.25),  # max_tokens capped 64 -> 16
+    (on_time(kept=50), 0.5),  # prompt truncated to half
+    (on_time(got=32, kept=50), 0.25),  # both: the shares multiply
+    (Outcome(True, False, ASK, 16, PROMPT, PROMPT), 0.0),  # capped and still late
+    (Outcome(True, True, 0, 0, 0, 0), 1.0),  # nothing asked, nothing lost
+    (on_time(got=ASK + 5), 1.0),  # more than asked earns no more than 1
+], ids=["served untouched on time earns 1", "a shed request earns 0",
+        "a late request earns 0", "capped to a quarter earns a quarter",
+        "truncated to half earns half", "capped and truncated multiply",
+        "capped and late earns 0", "an empty ask earns 1", "credit is capped at 1"])
+def test_credit_is_the_share_of_the_ask_kept_on_time(o, want):
+    assert credit(o) == want
+
+
+def test_shedding_everything_but_the_easy_wins_per_served_but_loses_smooth_goodput():
+    off = [on_time()] * 60 + [LATE] * 40  # no policy: 100 served, 60 on time
+    on = [on_time()] * 10 + [SHED] * 90  # shed all but 10 sure ones
+    assert (goodput_per_served(off), goodput_per_served(on)) == (0.6, 1.0)  # gamed
+    assert (smooth_goodput(off, 10.0), smooth_goodput(on, 10.0)) == (6.0, 1.0)
+    rows = [{"round": 0, "side": "off", "smooth_goodput_rps": 6.0},
+            {"round": 0, "side": "on", "smooth_goodput_rps": 1.0}]
+    assert compare(rows, "smooth_goodput_rps")["met"] is False
+
+
+def test_capping_every_request_wins_plain_goodput_but_not_smooth_goodput():
+    off = [on_time()] * 50 + [LATE] * 50
+    on = [on_time(got=4)] * 100  # one token in 16 of what was asked, all on time
+    assert (goodput(off, 10.0), goodput(on, 10.0)) == (5.0, 10.0)
+    assert (smooth_goodput(off, 10.0), smooth_goodput(on, 10.0)) == (5.0, 0.625)
+
+
+def test_no_served_request_has_no_per_served_share():
+    assert goodput_per_served([SHED, SHED]) is None
+
+
+def row(priority="realtime", status="ok", ttft_s=0.1, target=1.0, actions=()):
+    return {"priority": priority, "status": status, "ttft_s": ttft_s,
+            "slo_ttft_target_s": target, "policy_actions": list(actions)}
+
+
+@pytest.mark.parametrize(("rows", "want"), [
+    ([row(), row()], (2, 1.0)),
+    ([row(), row(ttft_s=2.0)], (2, 0.5)),
+    # served on time by the batch lane after a demotion: still a miss of the lane
+    ([row(), row(priority="batch", actions=["demote:predicted_miss"])], (2, 0.5)),
+    ([row(priority="batch", actions=["demote:deadline"])], (1, 0.0)),
+    # shed at the HTTP check: never entered the lane
+    ([row(), row(status="rejected", ttft_s=None, actions=["shed:breaker_l1"])], (1, 1.0)),
+    # timed out waiting in the lane: a miss
+    ([row(), row(status="rejected", ttft_s=None)], (2, 0.5)),
+    ([row(priority="batch")], (0, None)),
+    ([row(actions=["cap_max_tokens:16"])], (1, 1.0)),
+], ids=["all on time", "one late", "demoted then served on time is a miss",
+        "only a demoted request", "shed before admission is not in the lane",
+        "refused in the lane is a miss", "no realtime request", "a cap is no demotion"])
+def test_the_realtime_lane_counts_a_demoted_request_as_a_miss(rows, want):
+    assert lane_attainment(rows) == want
+
+
+def test_the_side_that_runs_first_alternates():
+    firsts = [side_order(rnd)[0][0] for rnd in range(5)]
+    assert firsts == ["off", "on", "off", "on", "off"]
+    assert all({s for s, _ in side_order(rnd)} == {"on", "off"} for rnd in range(5))
+
+
+def rounds(pairs):
+    return [{"round": i, "side": side, "g": value} for i, (off, on) in enumerate(pairs)
+            for side, value in (("off", off), ("on", on))]
+
+
+@pytest.mark.parametrize(("pairs", "median", "spread", "wins", "met"), [
+    ([(2, 4), (2, 3), (2, 2), (2, 5), (2, 1)], 1.5, (0.5, 2.5), 3, True),
+    ([(2, 4), (2, 2), (2, 2), (2, 5), (2, 1)], 1.0, (0.5, 2.5), 2, False),
+    ([(2, 1), (2, 1), (2, 1), (2, 1), (2, 1)], 0.5, (0.5, 0.5), 0, False),
+    ([(0, 4), (2, 4), (2, 1)], 1.25, (0.5, 2.0), 1, False),  # off at 0 has no ratio
+], ids=["median at the goal", "a good round or two is not the median",
+        "policies worse every round", "a round with off at zero is left out"])
+def test_the_verdict_is_the_median_ratio_against_the_goal(pairs, median, spread, wins, met):
+    got = compare(rounds(pairs), "g")
+    assert (got["median"], (got["min"], got["max"]), got["on_wins"], got["met"]) == (
+        median, spread, wins, met)
+
+
+def test_no_complete_round_is_not_met():
+    assert compare([{"round": 0, "side": "off", "g": 1.0}], "g")["met"] is False
+
+
+def served(max_tokens=ASK, output=ASK, ttft_s=TARGET_S / 2) -> Result:
+    return Result(0, 0.0, PROMPT, max_tokens, prompt_tokens=PROMPT, output_tokens=output,
+                  ttft_s=ttft_s, e2e_s=1.0, http_status=200)
+
+
+def shed() -> Result:
+    r = Result(0, 0.0, PROMPT, ASK)
+    r.fail("shed", 503)
+    return r
+
+
+def test_a_client_result_is_scored_by_what_it_asked_and_got():
+    assert credit(outcome(served(output=16))) == 0.25
+    assert credit(outcome(served(ttft_s=TARGET_S * 2))) == 0.0
+    assert credit(outcome(shed())) == 0.0
+
+
+def test_one_run_summary_from_client_results():
+    by_key = {"realtime": [served(), shed()], "vip": [served(output=32)],
+              "batch": [served(ttft_s=TARGET_S * 2)]}
+    assert summarize(by_key, 2.0) == {
+        "offered": 4, "ok": 3, "shed": 1, "goodput_rps": 1.0, "smooth_goodput_rps": 0.75,
+        "goodput_per_served": 2 / 3, "realtime_key_attainment": 2 / 3}
