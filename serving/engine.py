@@ -38,7 +38,6 @@ from serving.steps import StepLedger
 log = logging.getLogger("tailguard")
 
 REAP_WAIT_S = 5.0  # how long a shut-down engine's processes get before SIGKILL
-FAILED_REAP_WAIT_S = 1.0  # the same for a failed engine (killed ones are still exiting)
 
 # The request being served on this task; set by the HTTP layer, read by generate().
 current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
@@ -112,16 +111,21 @@ class ObservedEngine:
     def shutdown(self, *args, **kwargs) -> None:
         """vLLM's shutdown, then fail the requests still in flight (vLLM's shutdown
         cancels its output handler, which would leave them waiting forever) and make
-        sure no engine process outlives it (an orphaned worker, a stopped core)."""
-        failed = self.errored  # a failed engine's leftovers get a short grace period
+        sure no engine process outlives it (an orphaned worker, a stopped core).
+
+        A failed engine has nothing left to finish: what remains of it (the worker of
+        a crashed core, say, which took a second to notice) is killed first, so
+        vLLM's shutdown and the reaping below wait for nothing but exits."""
+        failed = self.errored
         if self.fault is None and self.in_flight:
             self.fault = ENGINE_DEAD if failed else ENGINE_SHUTDOWN
+        if failed:
+            self.kill("the engine failed")
         try:
             self._engine.shutdown(*args, **kwargs)
         finally:
             self._fail_in_flight()
-            survivors = wait_gone(self._live_processes(),
-                                  FAILED_REAP_WAIT_S if failed else REAP_WAIT_S)
+            survivors = wait_gone(self._live_processes(), REAP_WAIT_S)
             kill_all(survivors, "it outlived shutdown")
             wait_gone(survivors, REAP_WAIT_S)
 

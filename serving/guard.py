@@ -21,6 +21,7 @@ from slo.policy_engine import PolicyEngine
 
 log = logging.getLogger("tailguard.policy")
 TICK_S = 1.0
+FAILURE_POLL_S = 0.1  # between ticks, how often the engine is checked for a failure
 
 
 class Guard:
@@ -61,11 +62,23 @@ class Guard:
 
     async def _run(self, runtime) -> None:
         while True:
-            await asyncio.sleep(TICK_S)
-            try:
-                self.tick(runtime)
-            except Exception:  # the loop must outlive any one bad evaluation
-                log.exception("policy evaluation failed")
+            await self._until_next_tick(runtime)
+            self._safe_tick(runtime)
+
+    def _safe_tick(self, runtime) -> None:
+        try:
+            self.tick(runtime)
+        except Exception:  # the loop must outlive any one bad evaluation
+            log.exception("policy evaluation failed")
+
+    async def _until_next_tick(self, runtime) -> None:
+        """`TICK_S`, cut short when the engine fails: breaker L2 trips (and restarts
+        it) at once rather than up to a second later."""
+        deadline = time.monotonic() + TICK_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(FAILURE_POLL_S, max(0.0, deadline - time.monotonic())))
+            if runtime.engine_failed and self.engine.machines[P.BREAKER_L2].state != ACTIVE:
+                return
 
     def tick(self, runtime, now: float | None = None) -> Decisions:
         now = time.time() if now is None else now
@@ -103,6 +116,7 @@ class Guard:
         except Exception as exc:
             log.exception("engine restart failed")
             self._record_event(P.BREAKER_L2, "active", "active", f"restart failed: {exc}", {})
+        self._safe_tick(runtime)  # the breaker lets go now, not at the next tick
 
     def stop(self) -> None:
         if self._task:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from observe.archive import Rotator
@@ -88,6 +89,7 @@ class Runtime:
         self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
                                   self.load.on_step])
         self.handle: EngineHandle | None = None
+        self.restarting = False  # breaker L2's restart is under way
         self.warmup: list = []
         self._ticker: asyncio.Task | None = None
         self._archiver: Periodic | None = None
@@ -103,9 +105,10 @@ class Runtime:
 
     @property
     def engine_failed(self) -> bool:
-        """What breaker L2 watches: the engine died, or a drill says it did."""
+        """What breaker L2 watches: the engine died (and is not back from its restart
+        yet), or a drill says it did."""
         dead = self.handle is not None and getattr(self.handle.engine, "errored", False)
-        return dead or self.faults.failing
+        return dead or self.restarting or self.faults.failing
 
     def identify(self, rec, headers, peer: str | None) -> str:
         """Priority and VIP flag from the API key (never from a header alone); returns
@@ -152,24 +155,39 @@ class Runtime:
         threading.Thread(target=rotate, name="tailguard-archive-catch-up", daemon=True).start()
         self._archiver.start()
 
-    async def _start_engine(self) -> EngineHandle:
+    async def _start_engine(self, restart: bool = False) -> EngineHandle:
+        """A new engine, warm; a restart keeps the first start's warm-up report."""
+        began = time.monotonic()
         engine = await asyncio.to_thread(start_engine, self._args,
                                          [stat_logger_factory(self.second)])
+        started = time.monotonic()
         model_config = engine.model_config
-        self.warmup = await warm_up(engine, model_config.max_model_len,
-                                    model_config.get_vocab_size())
-        return await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
-                                                    self.admission), self._args)
+        calls = await warm_up(engine, model_config.max_model_len,
+                              model_config.get_vocab_size(), measure=not restart)
+        self.warmup = self.warmup if restart else calls
+        warmed = time.monotonic()
+        handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
+                                                      self.admission), self._args)
+        log.info("engine up in %.1f s: start %.1f s, warm-up %.1f s, serving objects %.1f s",
+                 time.monotonic() - began, started - began, warmed - started,
+                 time.monotonic() - warmed)
+        return handle
 
     async def restart_engine(self) -> None:
         """Breaker L2: a fresh engine in place; the server keeps answering (503 until
         the new engine is warm)."""
-        old, self.handle = self.handle, None
+        old, self.handle, self.restarting = self.handle, None, True
         log.warning("restarting the engine")
-        if old is not None:
-            old.engine.shutdown()
-        self.handle = await self._start_engine()
-        log.warning("engine restarted")
+        began = time.monotonic()
+        try:
+            if old is not None:
+                old.engine.shutdown()
+            shut = time.monotonic()
+            self.handle = await self._start_engine(restart=True)
+        finally:
+            self.restarting = False
+        log.warning("engine restarted in %.1f s (old engine shut down in %.1f s)",
+                    time.monotonic() - began, shut - began)
 
     async def _tick_engine_seconds(self) -> None:
         """Once a second: an `engine_stats` row and the engine gauges."""

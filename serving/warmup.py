@@ -3,7 +3,9 @@
 A fresh CPU engine spends seconds on the first prompt of a new size (kernel and
 buffer set-up); without warm-up the first users pay it, and a P99 measured over the
 first minutes is a start-up artefact. Each length is run twice and the ratio of the
-first call to the second is kept and reported (`/readyz`, the log).
+first call to the second is kept and reported (`/readyz`, the log). An engine
+restarted by breaker L2 runs each length once (the second call only measures), so it
+serves again sooner.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ class WarmupCall:
         return {**asdict(self), "ratio": self.ratio}
 
 
-async def warm_up(engine, max_model_len: int, vocab_size: int, seed: int = 0) -> list[WarmupCall]:
-    """Run every length that fits the context; returns first/later latencies."""
+async def warm_up(engine, max_model_len: int, vocab_size: int, seed: int = 0,
+                  measure: bool = True) -> list[WarmupCall]:
+    """Run every length that fits the context; returns first/later latencies (with
+    `measure=False`, each length runs once and nothing is returned)."""
     from vllm import SamplingParams
 
     rng = random.Random(seed)
@@ -43,8 +47,9 @@ async def warm_up(engine, max_model_len: int, vocab_size: int, seed: int = 0) ->
     for length in sorted({n for n in LENGTHS if n < longest} | {longest}):
         tokens = [rng.randrange(16, vocab_size) for _ in range(length)]
         first = await _timed(engine, tokens, params)
-        later = await _timed(engine, tokens[::-1], params)  # same size, no prefix-cache hit
-        calls.append(WarmupCall(length, first, later))
+        if measure:
+            later = await _timed(engine, tokens[::-1], params)  # same size, no prefix hit
+            calls.append(WarmupCall(length, first, later))
     await _warm_sampler_paths(engine, rng, vocab_size)
     for call in calls:
         log.info("warm-up %5d tokens: first %.3fs, later %.3fs (x%.1f)",
@@ -54,8 +59,9 @@ async def warm_up(engine, max_model_len: int, vocab_size: int, seed: int = 0) ->
 
 async def _warm_sampler_paths(engine, rng: random.Random, vocab_size: int) -> None:
     """Logprobs and random sampling build their own kernels on first use (a g++ compile
-    of tens of seconds on a small CPU): pay it here, not in a user's request, where the
-    engine watchdog would take the silent engine for a hung one."""
+    of tens of seconds on a small CPU unless torch.compile is off, as it is with
+    `--enforce-eager`: see serving/engine_setup.py): pay it here, not in a user's
+    request, where the engine watchdog would take the silent engine for a hung one."""
     from vllm import SamplingParams
 
     tokens = [rng.randrange(16, vocab_size) for _ in range(32)]

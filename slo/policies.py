@@ -83,9 +83,9 @@ class PolicyConfig:
         if not self.batch_floor <= self.batch_initial <= self.batch_cap:
             raise ValueError("batch_initial must be between batch_floor and batch_cap")
 
-    def timing(self, trip_after_s: float = 0.0) -> Timing:
-        return Timing(trip_after_s=trip_after_s, min_hold_s=self.min_hold_s,
-                      backoff_s=self.backoff_s)
+    def timing(self, trip_after_s: float = 0.0, min_hold_s: float | None = None) -> Timing:
+        hold = self.min_hold_s if min_hold_s is None else min_hold_s
+        return Timing(trip_after_s=trip_after_s, min_hold_s=hold, backoff_s=self.backoff_s)
 
 
 # A condition: (signals, config, currently active?) -> (breached, reason, details)
@@ -101,6 +101,8 @@ def breaker_l1(s: Signals, c: PolicyConfig, active: bool):
 
 
 def breaker_l2(s: Signals, c: PolicyConfig, active: bool):
+    """`engine_failed` stays true while the engine is being restarted, so the breaker
+    holds exactly as long as the engine is out (no minimum hold: see the table)."""
     return s.engine_failed, "engine failed" if s.engine_failed else "engine healthy", {}
 
 
@@ -133,7 +135,9 @@ def policy_table(c: PolicyConfig) -> dict[str, tuple[Condition, Timing]]:
     controller, not an on/off policy (see `slo.batch_control`)."""
     return {
         BREAKER_L1: (breaker_l1, c.timing(c.breaker_for_s)),
-        BREAKER_L2: (breaker_l2, c.timing()),
+        # no hold: a restarted, warm engine serves at once (its condition covers the
+        # restart itself)
+        BREAKER_L2: (breaker_l2, c.timing(min_hold_s=0.0)),
         TOKEN_CAP: (token_cap, c.timing()),
         VIP_ONLY: (overloaded, c.timing(c.vip_only_for_s)),
         MEMORY_PRESSURE: (memory_pressure, c.timing()),

@@ -3,9 +3,15 @@
 
 Each time: the stream ends with a clean error event and `[DONE]`, the plain request
 gets an OpenAI-style 503, both rows say `error` with `engine_dead`/`engine_hung`,
-breaker L2 restarts the engine, new requests are served again within a bound, and the
-old engine processes are gone. The hang has no exception: the watchdog
-(`TAILGUARD_ENGINE_HANG_S`, short here) notices the missing progress.
+breaker L2 restarts the engine, new requests are served again within a bound (every
+one of them, refused or served, with its trace row), and the old engine processes are
+gone. The hang has no exception: the watchdog (`TAILGUARD_ENGINE_HANG_S`, short here)
+notices the missing progress.
+
+The bounds are the ones docs/reliability.md ("Engine faults") states: clients in
+flight are answered within ENDED_S of a crash (HANG_S + ENDED_S of a hang), and a new
+request is served within RECOVER_S of the failure being noticed (SPEC §5's seeds ask
+for 90% of throughput back within 30 s; measured 12.5-13.8 s on a 2-CPU box).
 
 One server for the module (the crash first, then the hang on the restarted engine);
 the watchdog's rules are also checked on a fake engine, in milliseconds.
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -32,7 +39,17 @@ from serving import engine_faults as F
 from tests.conftest import start_server, stop_server
 
 HANG_S = 5  # the watchdog's timeout on this server
-RECOVER_S = 120  # fault -> a new request served (engine restart on a 2-CPU box)
+ENDED_S = 2.0  # failure noticed -> every client in flight answered
+RECOVER_S = 15.0  # failure noticed -> a new request served (breaker L2's restart)
+# The margin: most of a restart is vLLM building its engine (the `start` of the
+# server's "engine up" line), mostly spawning its worker interpreter, ~10 s on a quiet
+# 2-CPU box and up to minutes on one shared with other heavy jobs. Past QUIET_START_S
+# the box is busy, and the test holds tailguard to its own share instead: detection,
+# the old engine's shutdown, the warm-up and the breaker, under OWN_S.
+QUIET_START_S = 10.0
+OWN_S = 4.0
+UP = re.compile(r"engine up in [\d.]+ s: start ([\d.]+) s")
+POLL_S = 0.2  # between requests while waiting for the restarted engine
 CLIENT_S = 60  # no client waits longer than this for anything
 MAX_TOKENS = 3900  # ~15 s of decoding: still running when the fault hits
 EXPECTED = {
@@ -269,36 +286,66 @@ def check_failed_cleanly(srv, stream: dict, resp: httpx.Response, error_type: st
          "error_message": message}]
 
 
-def check_recovered(srv, faulted_at: float, old: list, restarts_before: int) -> None:
-    """A new request is served within RECOVER_S of the fault, by a new engine core;
-    the old engine processes are gone; breaker L2 restarted the engine once."""
-    name = srv.model  # /v1/models answers 503 until the engine is back
+def check_recovered(srv, noticed_at: float, old: list, restarts_before: int) -> float:
+    """A new request is served within RECOVER_S of the failure being noticed, by a new
+    engine core; every request sent meanwhile (503s included) has its trace row; the
+    old engine processes are gone; breaker L2 restarted the engine once. Returns the
+    seconds from `noticed_at` to the first request served."""
+    sent = []  # (request id, HTTP status) of every request answered
     while True:
         try:
-            if complete(srv, name, max_tokens=4, timeout=30).status_code == 200:
+            resp = complete(srv, srv.model, max_tokens=4, timeout=30)
+            sent.append((resp.headers.get("x-request-id"), resp.status_code))
+            if resp.status_code == 200:
+                back_s = time.monotonic() - noticed_at
                 break
+            assert resp.status_code == 503, resp.text
         except httpx.HTTPError:
             pass
-        assert time.monotonic() - faulted_at < RECOVER_S, "the engine did not come back"
-        time.sleep(1)
+        assert time.monotonic() - noticed_at < CLIENT_S, "the engine did not come back"
+        time.sleep(POLL_S)
+    start_s = float(UP.findall(srv.log.read_text())[-1])  # vLLM's part of the restart
+    assert back_s - start_s < OWN_S, f"{back_s - start_s:.1f} s of {back_s:.1f} s outside " \
+                                     "vLLM's engine start"
+    if start_s <= QUIET_START_S:
+        assert back_s < RECOVER_S, f"served again {back_s:.1f} s after the failure"
     assert not [p for p in old if _alive(p)], "an old engine process survived the restart"
     new = engine_core(srv)
     assert new.pid not in {p.pid for p in old}
     srv.engine_processes.extend([new, *new.children(recursive=True)])
     assert restarts(srv) == restarts_before + 1
+    check_rows(srv, sent)
+    return back_s
+
+
+def check_rows(srv, sent: list) -> None:
+    """Every request answered has exactly one trace row with the status it got."""
+    assert all(rid for rid, _ in sent), sent
+    ids = ", ".join(f"'{rid}'" for rid, _ in sent)
+    rows = srv.sql(f"SELECT request_id, http_status, status FROM requests "
+                   f"WHERE request_id IN ({ids})")
+    assert sorted((r["request_id"], r["http_status"]) for r in rows) == sorted(sent)
+    for row in rows:  # refused while the engine restarted: not ready, or breaker L2
+        assert row["status"] in (("ok",) if row["http_status"] == 200
+                                 else ("error", "rejected")), row
 
 
 def test_engine_crash_mid_stream_fails_cleanly_and_restarts(srv):
     before = restarts(srv)
     stream, resp, faulted, ended_s, old = fault_mid_stream(srv, signal.SIGKILL)
-    assert ended_s < 15, f"clients waited {ended_s:.1f} s after the crash"
+    assert ended_s < ENDED_S, f"clients waited {ended_s:.1f} s after the crash"
     check_failed_cleanly(srv, stream, resp, "engine_dead")
-    check_recovered(srv, faulted, old, before)
+    back_s = check_recovered(srv, faulted, old, before)  # a crash is noticed at once
+    print(f"crash: clients answered in {ended_s:.2f} s, served again in {back_s:.1f} s "
+          f"(vLLM's engine start: {float(UP.findall(srv.log.read_text())[-1]):.1f} s)")
 
 
 def test_engine_hang_mid_stream_is_caught_by_the_watchdog(srv):
     before = restarts(srv)
     stream, resp, faulted, ended_s, old = fault_mid_stream(srv, signal.SIGSTOP)
-    assert HANG_S - 1 < ended_s < HANG_S + 15, f"clients ended {ended_s:.1f} s after the hang"
+    assert HANG_S - 1 < ended_s < HANG_S + ENDED_S, \
+        f"clients ended {ended_s:.1f} s after the hang"
     check_failed_cleanly(srv, stream, resp, "engine_hung")
-    check_recovered(srv, faulted, old, before)
+    back_s = check_recovered(srv, faulted + HANG_S, old, before)  # noticed after HANG_S
+    print(f"hang: clients answered {ended_s:.2f} s after the stop, served again "
+          f"{back_s:.1f} s after the watchdog's {HANG_S} s")

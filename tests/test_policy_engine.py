@@ -346,15 +346,25 @@ def test_edge_policy_configs_are_accepted(kwargs):
     P.PolicyConfig(**kwargs)
 
 
-@pytest.mark.parametrize("name,condition,trip_after_s", [
-    (P.BREAKER_L1, P.breaker_l1, 30), (P.BREAKER_L2, P.breaker_l2, 0),
-    (P.TOKEN_CAP, P.token_cap, 0), (P.VIP_ONLY, P.overloaded, 120),
-    (P.MEMORY_PRESSURE, P.memory_pressure, 0), (P.TRUNCATION, P.overloaded, 0),
-    (P.PREDICTED_MISS, P.overloaded, 0)])
-def test_policy_table_conditions_and_timings(name, condition, trip_after_s):
+@pytest.mark.parametrize("name,condition,trip_after_s,min_hold_s", [
+    (P.BREAKER_L1, P.breaker_l1, 30, 10), (P.BREAKER_L2, P.breaker_l2, 0, 0),
+    (P.TOKEN_CAP, P.token_cap, 0, 10), (P.VIP_ONLY, P.overloaded, 120, 10),
+    (P.MEMORY_PRESSURE, P.memory_pressure, 0, 10), (P.TRUNCATION, P.overloaded, 0, 10),
+    (P.PREDICTED_MISS, P.overloaded, 0, 10)])
+def test_policy_table_conditions_and_timings(name, condition, trip_after_s, min_hold_s):
+    """Breaker L2 has no minimum hold: its condition covers the restart, so it lets go
+    as soon as the restarted engine is warm."""
     found, timing = P.policy_table(CONFIG)[name]
     assert found is condition
-    assert timing == Timing(trip_after_s=trip_after_s, min_hold_s=10, backoff_s=5)
+    assert timing == Timing(trip_after_s=trip_after_s, min_hold_s=min_hold_s, backoff_s=5)
+
+
+def test_breaker_l2_holds_through_the_restart_and_lets_go_at_the_first_healthy_check():
+    _, timing = P.policy_table(CONFIG)[P.BREAKER_L2]
+    l2 = PolicyMachine(P.BREAKER_L2, timing)
+    assert l2.step(T0, True, "engine failed", {}).to_state == ACTIVE
+    assert l2.step(T0 + 12, True, "engine failed", {}) is None  # still restarting
+    assert l2.step(T0 + 12.1, False, "engine healthy", {}).to_state == RECOVERING
 
 
 def test_policy_table_has_the_seven_policies_and_follows_the_config():
