@@ -10,8 +10,9 @@ notices the missing progress.
 
 The bounds are the ones docs/reliability.md ("Engine faults") states: clients in
 flight are answered within ENDED_S of a crash (HANG_S + ENDED_S of a hang), and a new
-request is served within RECOVER_S of the failure being noticed (SPEC §5's seeds ask
-for 90% of throughput back within 30 s; measured 12.5-13.8 s on a 2-CPU box).
+request is served within RECOVER_S of the failure being noticed: a crash at once, a
+hang when the watchdog fires and the clients are answered. SPEC §5's seeds ask for 90%
+of throughput back within 30 s; measured 12.5-13.8 s after a crash on a 2-CPU box.
 
 One server for the module (the crash first, then the hang on the restarted engine);
 the watchdog's rules are also checked on a fake engine, in milliseconds.
@@ -346,6 +347,6 @@ def test_engine_hang_mid_stream_is_caught_by_the_watchdog(srv):
     assert HANG_S - 1 < ended_s < HANG_S + ENDED_S, \
         f"clients ended {ended_s:.1f} s after the hang"
     check_failed_cleanly(srv, stream, resp, "engine_hung")
-    back_s = check_recovered(srv, faulted + HANG_S, old, before)  # noticed after HANG_S
+    back_s = check_recovered(srv, faulted + ended_s, old, before)  # the watchdog fired
     print(f"hang: clients answered {ended_s:.2f} s after the stop, served again "
-          f"{back_s:.1f} s after the watchdog's {HANG_S} s")
+          f"{back_s:.1f} s after that")
