@@ -87,7 +87,35 @@ def _fork_engine_core(config) -> None:
         vllm_context()  # vLLM's own checks and environment set-up
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(FORKSERVER_PRELOAD))
-        return context
+        return EnvCarryingContext(context)
 
     forkserver_context.vllm_context = vllm_context
     engine_utils.get_mp_context = forkserver_context
+
+
+class EnvCarryingContext:
+    """A fork-server context whose processes start with this process's environment as
+    it is when each one starts, as a spawned process would. A forked child otherwise
+    inherits the fork server's environment, frozen when the first engine started: a
+    variable set later (the step socket of a second engine, an operator's change
+    before a restart) would never reach a restarted engine core."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context):
+        self._context = context
+
+    def Process(self, *args, target=None, kwargs=None, **process_kwargs):  # noqa: N802
+        carried = {"environ": dict(os.environ), "target": target, "kwargs": kwargs or {}}
+        return self._context.Process(*args, target=run_with_environ, kwargs=carried,
+                                     **process_kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+
+def run_with_environ(environ: dict, target, kwargs: dict):
+    """Runs in the forked child: take the parent's environment, then the target."""
+    os.environ.clear()
+    os.environ.update(environ)
+    return target(**kwargs)
