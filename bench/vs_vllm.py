@@ -1,18 +1,29 @@
-"""Benchmark: tailguard vs vLLM's own OpenAI server, same model, same workload.
+"""Benchmark: tailguard vs vLLM's own OpenAI server, same model, same engine flags.
 
-Both servers run side by side on loopback (one engine each; an idle engine waits on
-its socket and costs no CPU), and the same seeded open-loop workload is sent to one,
-then the other, alternating the order each round. Reported per side: throughput
-(requests/s and output tokens/s) and client-side TTFT/TPOT/e2e percentiles, plus the
-per-round tailguard/vLLM throughput ratio with its spread.
+Both servers run side by side on loopback (an idle engine waits on its socket and
+costs no CPU). vLLM's server starts as its CPU guide recommends: tcmalloc preloaded,
+`VLLM_CPU_KVCACHE_SPACE` set; `tailguard serve` preloads tcmalloc itself. Each round,
+each side takes, in turn (the side that goes first alternates by round):
 
-    python bench/vs_vllm.py --rounds 4 --rate 4 --duration 30
+- (a) saturation: a closed loop of `--concurrency` clients sending the seeded mixed
+  workload back to back for `--saturate-s` seconds: output tokens/s completed;
+- (b) light load: the open-loop workload at `--light-rate` req/s (well below capacity)
+  for `--light-s` seconds: client-side TTFT and TPOT p50/p99;
+- (c) during each: CPU seconds of the server process itself (utime + stime of every
+  thread, from /proc/PID/stat; the engine core is a child and not counted) per
+  completed request.
+
+A warm-up round (short, both sides) is dropped. Every run prints one line; the report
+gives every round and the per-round tailguard/vLLM ratios' median [min-max].
+
+    python bench/vs_vllm.py --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -22,13 +33,17 @@ import time
 import urllib.request
 from pathlib import Path
 
+from serving.allocator import find_tcmalloc
 from serving.bench_report import summarize
-from serving.loadgen import Target, run
+from serving.loadgen import Target, run, run_closed
 from serving.model import ensure_model
 from serving.workload import Workload
 from slo.spec import load_spec
 
 NAME = "tailguard-tiny-llama"
+SIDES = ("vllm", "tailguard")
+TOKEN = "vs-vllm-bench-admin-token"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _free_port() -> int:
@@ -39,9 +54,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               TAILGUARD_ADMIN_TOKEN="bench")
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of every thread of the process (not its children)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def start(cmd: list[str], url: str, log: Path, env: dict) -> subprocess.Popen:
     process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -57,29 +77,113 @@ def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
 
 def servers(tmp: Path) -> dict[str, tuple[str, subprocess.Popen]]:
     model = str(ensure_model())
-    ports = {"tailguard": _free_port(), "vllm": _free_port()}
-    urls = {k: f"http://127.0.0.1:{p}" for k, p in ports.items()}
+    ports = {side: _free_port() for side in SIDES}
+    urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}
+    base = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    tcmalloc = find_tcmalloc()
+    if tcmalloc is None:
+        sys.exit("tcmalloc not found (apt-get install libtcmalloc-minimal4): vLLM's CPU guide "
+                 "preloads it, and so does tailguard serve")
+    vllm_env = dict(base, LD_PRELOAD=tcmalloc)
     tailguard = [sys.executable, "-m", "tailguard", "serve", "--port", str(ports["tailguard"]),
                  "--db", str(tmp / "trace.duckdb")]
     vllm = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--served-model-name", NAME, "--enforce-eager", "--port", str(ports["vllm"]),
             "--host", "127.0.0.1", "--distributed-executor-backend", "uni",
             "--disable-uvicorn-access-log"]
-    return {"tailguard": (urls["tailguard"], start(tailguard, urls["tailguard"], tmp / "tg.log")),
-            "vllm": (urls["vllm"], start(vllm, urls["vllm"], tmp / "vllm.log"))}
+    return {"vllm": (urls["vllm"], start(vllm, urls["vllm"], tmp / "vllm.log", vllm_env)),
+            "tailguard": (urls["tailguard"], start(tailguard, urls["tailguard"], tmp / "tg.log",
+                                                   dict(base, TAILGUARD_ADMIN_TOKEN=TOKEN)))}
 
 
-def one_round(url: str, workload: Workload, spec) -> dict:
-    results = asyncio.run(run(Target(url, NAME), workload))
-    return summarize(results, spec, {})
+def measured(url: str, pid: int, spec, coroutine) -> dict:
+    cpu = process_cpu_s(pid)
+    results = asyncio.run(coroutine)
+    cpu = process_cpu_s(pid) - cpu
+    summary = summarize(results, spec, {})
+    summary["server_cpu_s"] = cpu
+    summary["cpu_ms_per_request"] = 1000 * cpu / summary["ok"] if summary["ok"] else None
+    return summary
+
+
+def side_run(url: str, pid: int, spec, args, seed: int, warmup: bool) -> dict:
+    target = Target(url, NAME)
+    closed = Workload("mixed", 50.0, 10.0 if warmup else args.saturate_s, 100_000,
+                      output_tokens=args.output_tokens, seed=seed)
+    light = Workload("mixed", args.light_rate, 5.0 if warmup else args.light_s, 100_000,
+                     output_tokens=args.output_tokens, seed=seed + 1000)
+    return {"saturate": measured(url, pid, spec, run_closed(target, closed, args.concurrency)),
+            "light": measured(url, pid, spec, run(target, light))}
+
+
+def rounds(running, args, spec) -> list[dict]:
+    rows = []
+    for i in range(args.rounds + 1):  # round 0 warms both up and is dropped
+        order = list(SIDES) if i % 2 == 0 else list(reversed(SIDES))
+        row = {"round": i, "first": order[0], "loadavg": os.getloadavg()[0]}
+        for side in order:
+            url, process = running[side]
+            row[side] = side_run(url, process.pid, spec, args, seed=i, warmup=i == 0)
+            print(json.dumps({"round": i, "side": side, **brief(row[side])}), flush=True)
+        if i:
+            rows.append(row)
+    return rows
+
+
+def brief(run: dict) -> dict:
+    sat, light = run["saturate"], run["light"]
+    return {"sat_tok_s": sat["output_tokens_per_s"], "sat_ok": sat["ok"],
+            "sat_errors": sat["errors"], "sat_cpu_ms": sat["cpu_ms_per_request"],
+            "light_ok": light["ok"], "light_errors": light["errors"],
+            "light_cpu_ms": light["cpu_ms_per_request"],
+            **{k: light["latency"]["all"][k] for k in
+               ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}}
+
+
+METRICS = (("(a) output tokens/s, closed loop", "sat_tok_s", 1),
+           ("(b) TTFT p50, light load (ms)", "ttft_p50", 1000),
+           ("(b) TTFT p99, light load (ms)", "ttft_p99", 1000),
+           ("(b) TPOT p50, light load (ms)", "tpot_p50", 1000),
+           ("(b) TPOT p99, light load (ms)", "tpot_p99", 1000),
+           ("(c) server CPU ms/request, closed loop", "sat_cpu_ms", 1),
+           ("(c) server CPU ms/request, light load", "light_cpu_ms", 1))
+
+
+def report(rows: list[dict], args) -> None:
+    briefs = [{side: brief(row[side]) for side in SIDES} for row in rows]
+    print(f"\n{len(rows)} rounds; closed loop {args.concurrency} clients x {args.saturate_s:g} s, "
+          f"light load {args.light_rate:g} req/s x {args.light_s:g} s, "
+          f"{args.output_tokens} output tokens\n")
+    print("| round | first | load avg | " + " | ".join(
+        f"{key} vLLM / tailguard" for _, key, _ in METRICS) + " |")
+    print("|---|---|---|" + "---|" * len(METRICS))
+    for row, b in zip(rows, briefs):
+        cells = [f"{scale * b['vllm'][key]:.1f} / {scale * b['tailguard'][key]:.1f}"
+                 for _, key, scale in METRICS]
+        print(f"| {row['round']} | {row['first']} | {row['loadavg']:.2f} | " + " | ".join(cells)
+              + " |")
+    print("\n| metric | vLLM median | tailguard median | tailguard/vLLM per round: median "
+          "[min-max] |\n|---|---:|---:|---:|")
+    for label, key, scale in METRICS:
+        vllm = [b["vllm"][key] for b in briefs]
+        ours = [b["tailguard"][key] for b in briefs]
+        ratios = [o / v for o, v in zip(ours, vllm)]
+        print(f"| {label} | {scale * statistics.median(vllm):.2f} | "
+              f"{scale * statistics.median(ours):.2f} | {statistics.median(ratios):.3f} "
+              f"[{min(ratios):.3f}-{max(ratios):.3f}] |")
+    errors = {side: sum(sum(b[side]["sat_errors"].values()) + sum(b[side]["light_errors"].values())
+                        for b in briefs) for side in SIDES}
+    print(f"\nfailed requests: {errors}")
+    print("command: python bench/vs_vllm.py " + " ".join(sys.argv[1:]))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--rate", type=float, default=4.0)
-    ap.add_argument("--duration", type=float, default=30.0)
-    ap.add_argument("--scenario", default="mixed")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--saturate-s", type=float, default=30.0)
+    ap.add_argument("--light-rate", type=float, default=1.5)
+    ap.add_argument("--light-s", type=float, default=40.0)
     ap.add_argument("--output-tokens", type=int, default=64)
     args = ap.parse_args()
     spec = load_spec()
@@ -92,42 +196,6 @@ def main() -> None:
                 process.terminate()
                 process.wait(timeout=60)
     report(rows, args)
-
-
-def rounds(running, args, spec) -> list[dict]:
-    rows = []
-    for i in range(args.rounds + 1):  # round 0 warms both up and is dropped
-        workload = Workload(args.scenario, args.rate, args.duration, 100_000,
-                            output_tokens=args.output_tokens, seed=i)
-        order = ["tailguard", "vllm"] if i % 2 else ["vllm", "tailguard"]
-        row = {side: one_round(running[side][0], workload, spec) for side in order}
-        if i:
-            rows.append(row)
-        print(f"round {i}: " + ", ".join(
-            f"{s} {row[s]['output_tokens_per_s']:.1f} tok/s" for s in order), flush=True)
-    return rows
-
-
-def report(rows: list[dict], args) -> None:
-    def med(side, key, sub=None):
-        values = [(r[side]["latency"]["all"][sub] if sub else r[side][key]) for r in rows]
-        return statistics.median(values)
-
-    ratios = [r["tailguard"]["output_tokens_per_s"] / r["vllm"]["output_tokens_per_s"]
-              for r in rows]
-    print(f"\n{args.scenario} at {args.rate} req/s x {args.duration:g} s, {args.rounds} rounds "
-          "(medians over rounds)\n")
-    print("| metric | vLLM server | tailguard | tailguard/vLLM |\n|---|---|---|---|")
-    for label, key in (("throughput (req/s)", "throughput_rps"),
-                       ("output tokens/s", "output_tokens_per_s")):
-        a, b = med("vllm", key), med("tailguard", key)
-        print(f"| {label} | {a:.2f} | {b:.2f} | {b / a:.3f} |")
-    for sub in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p99"):
-        a, b = med("vllm", None, sub), med("tailguard", None, sub)
-        print(f"| {sub} (ms) | {1000 * a:.1f} | {1000 * b:.1f} | {b / a:.3f} |")
-    print(f"\nper-round tokens/s ratio: median {statistics.median(ratios):.3f}, "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f}")
-    print("command: python bench/vs_vllm.py " + " ".join(sys.argv[1:]))
 
 
 if __name__ == "__main__":

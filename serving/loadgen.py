@@ -73,6 +73,52 @@ async def run(target: Target, workload: Workload, on_done=None) -> list[Result]:
     return [t.result() for t in tasks]
 
 
+async def run_closed(target: Target, workload: Workload, concurrency: int) -> list[Result]:
+    """Closed loop: `concurrency` clients each send the workload's next request as soon
+    as their last one ends, until its duration has passed (arrival times are ignored).
+    The arrivals are the pool of requests, cycled if it runs out (give the workload a
+    rate above what the server completes). The server is never idle, so what
+    completes per second is its capacity, and a
+    slower server completes fewer: the comparison can fail, unlike an open loop below
+    capacity, which measures the arrival clock."""
+    arrivals = workload.arrivals()
+    if not arrivals or concurrency < 1:
+        return []
+    rng = random.Random(workload.seed + 1)
+    prompts = [prompt_text(a.prompt_words, rng) for a in arrivals]
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=target.url.rstrip("/"), limits=limits,
+                                 timeout=target.timeout_s) as client:
+        start = time.monotonic()
+
+        async def client_loop(first: int) -> None:
+            index = first
+            while time.monotonic() - start < workload.duration_s:
+                arrival = arrivals[index % len(arrivals)]
+                result = Result(index, time.monotonic() - start, arrival.prompt_words,
+                                arrival.max_tokens)
+                results.append(await _sent(client, target, prompts[index % len(prompts)],
+                                           result))
+                index += concurrency
+
+        await asyncio.gather(*(client_loop(i) for i in range(concurrency)))
+    return results
+
+
+async def _sent(client, target: Target, prompt: str, result: Result) -> Result:
+    try:
+        await _stream(client, target, prompt, result.max_tokens, result)
+    except asyncio.CancelledError:
+        result.fail("cancelled")
+        raise
+    except httpx.TimeoutException:
+        result.fail("timeout")
+    except httpx.TransportError:
+        result.fail("connection")
+    return result
+
+
 async def _scheduled(client, target, index, arrival: Arrival, prompt, start, on_done) -> Result:
     await asyncio.sleep(max(0.0, start + arrival.at_s - time.monotonic()))
     result = Result(index, time.monotonic() - start, arrival.prompt_words, arrival.max_tokens)

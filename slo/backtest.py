@@ -26,10 +26,11 @@ log = logging.getLogger("tailguard.forecast")
 KIND: Final = "memory forecaster"
 
 
-def all_forecasters() -> list[Forecaster]:
+def all_forecasters(seed: int = 0) -> list[Forecaster]:
+    """The baselines and the LSTM (its members trained from seeds seed, seed+1, ...)."""
     from slo.lstm import LSTMForecaster
 
-    return [*baselines(), LSTMForecaster()]
+    return [*baselines(), LSTMForecaster(seed=seed)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,13 +159,17 @@ def _series(db: str, step: float):
 @_HORIZON
 @_STEP
 @_SHARE
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="First seed of the LSTM's members (to see how much a result owes "
+                   "to the seed).")
 @click.option("--json", "as_json", is_flag=True, help="Print the backtest as JSON.")
-def forecast_eval(db, target, horizon, step, train_share, as_json):
+def forecast_eval(db, target, horizon, step, train_share, seed, as_json):
     """Rolling-origin backtest of the LSTM and the baselines."""
-    from slo.backtest import backtest
+    from slo.backtest import all_forecasters, backtest
 
     try:
-        result = backtest(_series(db, step), target, horizon, train_share)
+        result = backtest(_series(db, step), target, horizon, train_share,
+                          factory=lambda: all_forecasters(seed))
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
     click.echo(json.dumps(result.describe(), indent=2) if as_json else format_backtest(result))

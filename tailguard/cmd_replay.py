@@ -74,6 +74,9 @@ def _fmt(key: str, value) -> str:
 @click.command("replay")
 @click.option("--db", required=True, type=click.Path(dir_okay=False),
               help="Recorded trace-log file, opened read-only.")
+@click.option("--calibrate-from", "calibration_db", type=click.Path(dir_okay=False),
+              help="Calibrate the engine model on this recording instead of --db (to "
+                   "validate the simulator on a run it was not fitted to).")
 @click.option("--policies", "candidate", type=click.Path(dir_okay=False),
               help="Candidate policy config (YAML) to compare with the baseline.")
 @click.option("--baseline", type=click.Path(dir_okay=False),
@@ -84,7 +87,7 @@ def _fmt(key: str, value) -> str:
               callback=lambda c, p, v: _int_list(v), help="Capacity mode: replica counts.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-def replay(db, candidate, baseline, loads, replicas, fmt):
+def replay(db, calibration_db, candidate, baseline, loads, replicas, fmt):
     """Replay a recorded run through the policy engine on a calibrated engine model.
 
     No --policies: replays the run as recorded and reports the simulator's error
@@ -92,13 +95,15 @@ def replay(db, candidate, baseline, loads, replicas, fmt):
     SLO attainment against replica count at that many times the recorded load.
 
     Example: tailguard replay --db run.duckdb --policies stricter.yaml
+    Out of sample: tailguard replay --db tuesday.duckdb --calibrate-from monday.duckdb
     """
     from slo import replay as rp
     from slo.engine_model import calibrate
 
     query = _query(db)
     try:
-        model, recorded = calibrate(query), rp.load_recorded(query)
+        model = calibrate(_query(calibration_db) if calibration_db else query)
+        recorded = rp.load_recorded(query)
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
     base = _policies(baseline)
@@ -110,12 +115,13 @@ def replay(db, candidate, baseline, loads, replicas, fmt):
                   **rp.compare(model, base, _policies(candidate), recorded)}
     else:
         result = {"model": model.describe(), **rp.validate(model, base, recorded)}
+    result["model"]["calibrated_on"] = calibration_db or db
     click.echo(json.dumps(result, indent=1) if fmt == "json" else _render(result), nl=False)
 
 
 def _render(result: dict) -> str:
     m = result["model"]
-    head = (f"engine model: step = {m['step_base_s'] * 1e3:.2f} ms + "
+    head = (f"engine model (calibrated on {m['calibrated_on']}): step = {m['step_base_s'] * 1e3:.2f} ms + "
             f"{m['step_per_seq_s'] * 1e6:.0f} us/seq + {m['step_per_token_s'] * 1e6:.1f} us/token"
             f" (R^2 {m['fit_r2']:.2f} over {m['steps_fitted']} steps), budget "
             f"{m['token_budget']} tokens/step, KV {m['kv_capacity_tokens']} tokens, "

@@ -229,6 +229,15 @@ def test_forecast_eval_as_json(trace_file):
     assert maes == sorted(maes) and result["winner"] == result["scores"][0]["name"]
 
 
+def test_forecast_eval_seed_sets_the_lstm_members_seeds(trace_file):
+    from slo.backtest import all_forecasters
+
+    lstm = all_forecasters(7)[-1]
+    assert (lstm.name, lstm.seed) == ("lstm", 7) and all_forecasters()[-1].seed == 0
+    line = usage_error(tailguard("forecast", "eval", "--db", str(trace_file), "--seed", "-1"))
+    assert "--seed" in line
+
+
 def test_forecast_train_saves_the_winner(trace_file):
     out = ok(tailguard("forecast", "train", "--db", str(trace_file), "--step", "5",
                        "--horizon", "60"))

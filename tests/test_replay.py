@@ -525,7 +525,8 @@ def invoke(*args: str):
 def test_cli_validates_by_default(trace):
     result = invoke("--db", trace)
     assert result.exit_code == 0, result.output
-    assert "engine model: step = 4.00 ms + 300 us/seq + 20.0 us/token" in result.output
+    assert f"engine model (calibrated on {trace}): step = 4.00 ms + 300 us/seq + 20.0 us/token" \
+        in result.output
     assert f"budget {BUDGET} tokens/step, KV 840 tokens, overhead 20.0 ms" in result.output
     assert "simulated - actual: attainment +9.68 pts" in result.output
     header = result.output.splitlines()[1].split()
@@ -564,7 +565,27 @@ def test_cli_capacity_mode(trace):
     assert [row[:2] for row in rows] == [["2x", "1"], ["2x", "2"]]
 
 
+def test_cli_calibrates_on_another_recording(trace, tmp_path):
+    """Out of sample: the engine model comes from --calibrate-from, the arrivals and
+    the actual outcome from --db."""
+    other = str(tmp_path / "other.duckdb")
+    write_trace(other, steps=MIN_STEPS)
+    with TraceLog(other) as log:  # plus one very slow step: a different fit
+        log.add("spans", {"name": "llm.step", "duration_s": 5.0, "attributes": {
+            "tailguard.step.batch_size": 1, "tailguard.step.scheduled_tokens": 1}})
+    own = json.loads(invoke("--db", trace, "--format", "json").output)
+    out = invoke("--db", trace, "--calibrate-from", other, "--format", "json")
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.output)
+    assert data["model"]["calibrated_on"] == other and own["model"]["calibrated_on"] == trace
+    assert data["model"]["steps_fitted"] == MIN_STEPS + 1 != own["model"]["steps_fitted"]
+    assert data["actual"] == own["actual"]  # same recorded run judged
+    assert data["simulated"] != own["simulated"]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--db", "{trace}", "--calibrate-from", "{tmp}/missing.duckdb"],
+     "no trace log at {tmp}/missing.duckdb"),
     (["--db", "{tmp}/missing.duckdb"], "no trace log at {tmp}/missing.duckdb"),
     (["--db", "{trace}", "--replicas", "0"], "replica counts are positive integers"),
     (["--db", "{trace}", "--replicas", "1,x"], "'1,x' is not a comma-separated list"),
