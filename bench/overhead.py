@@ -73,6 +73,9 @@ ENGINES = ("off", "on", "runtime")
 SETTLE_S = 1.2  # pause after each side-turn: the trace log's 1 s flush lands in it
 FIRST_TOKEN_ID = 3  # skip the special tokens at the start of the embedded vocab
 ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"  # serving.step_plugin.ENV_STEP_SOCKET
+PINNED_LIMIT = 64  # >= the concurrency, so the limiter never holds a request back
+PINNED_LIMIT_YAML = (f"batch_floor: {PINNED_LIMIT}\nbatch_initial: {PINNED_LIMIT}\n"
+                     f"batch_cap: {PINNED_LIMIT}\n")
 
 
 # ---------------------------------------------------------------- workload
@@ -237,7 +240,13 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0)
     tmp = tempfile.TemporaryDirectory(prefix="tailguard-bench-")
-    runtime = Runtime(ServerConfig(model=str(model), db=str(Path(tmp.name) / "trace.duckdb")))
+    # The concurrency limit pinned above the batch: this measures what observing costs,
+    # not what the batch-size controller does (it starts at 16 and would hold half of
+    # the 32 requests back; bench/policy_surge.py and bench/vs_vllm.py measure that).
+    limits = Path(tmp.name) / "pinned-limit.yaml"
+    limits.write_text(PINNED_LIMIT_YAML)
+    runtime = Runtime(ServerConfig(model=str(model), db=str(Path(tmp.name) / "trace.duckdb"),
+                                   policy_file=str(limits)))
     ledger = StepLedger()  # receives the "on" engine's steps; no consumers
     plain: dict[str, object] = {}
     cpu = {name: Cpu() for name in ("begin", "finish", "steps", "flush")}
@@ -275,7 +284,7 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
         "observed": lambda p: batch_observed(runtime, p, params, cpu),
     }
     meter = CpuMeter()
-    rounds = []
+    rounds, limit_min = [], PINNED_LIMIT
     diag = {"steps_on": 0, "steps_off": 0, "observed_requests": 0, "observed_steps": 0,
             **{f"{k}_cpu_s": 0.0 for k in cpu}, "flushes": 0}
     try:
@@ -301,6 +310,7 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
                 if side in ("on", "off"):
                     diag[f"steps_{side}"] += ledger.steps_seen - probe_before
                 if side == "observed":
+                    limit_min = min(limit_min, runtime.guard.limiter.limit)
                     diag["observed_requests"] += result[side]["requests"]
                     diag["observed_steps"] += runtime.ledger.steps_seen - steps_before
                     for name, c in cpu.items():
@@ -320,6 +330,7 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
         await runtime.stop()
         tmp.cleanup()
     out_path.write_text(json.dumps({"rounds": rounds, "diag": diag, "tracelog": tracelog,
+                                    "limit_min": limit_min,
                                     "start_order": starts},
                                    default=str))
 
@@ -442,7 +453,9 @@ def report(args, command: str, results: list[dict], elapsed: float) -> None:
           f"trace-log "
           f"requests rows {sum(t['rows_written']['requests'] for t in tl)} (incl. warm-up), "
           f"rows dropped {sum(sum(t['rows_dropped'].values()) for t in tl)}; probe steps "
-          f"received in on-turns {d['steps_on']}, in off-turns {d['steps_off']}")
+          f"received in on-turns {d['steps_on']}, in off-turns {d['steps_off']}; "
+          f"observed-side concurrency limit, lowest seen "
+          f"{min(res['limit_min'] for res in results)} (pinned at {PINNED_LIMIT})")
     print(f"elapsed {elapsed:.0f} s")
     print()
     print(f"reproduce: {command}")

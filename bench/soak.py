@@ -36,7 +36,7 @@ from serving.launcher import wait_ready  # noqa: E402
 from slo.live import quantile  # noqa: E402
 from slo.policies import PolicyConfig  # noqa: E402
 
-TOKEN = "soak-token"
+TOKEN = "soak-bench-admin-token"
 WORDS = ("the of and to in is that for it as with be on not this are by or an from at "
          "which if can when value time list each first new number").split()
 
