@@ -1,14 +1,18 @@
 """Benchmark: tailguard vs vLLM's own OpenAI server, same model, same engine flags.
 
 Both servers run side by side on loopback (an idle engine waits on its socket and
-costs no CPU). vLLM's server starts as its CPU guide recommends: tcmalloc preloaded,
+costs no CPU). tailguard's degradation policies and batch-size controller are forced
+off through its admin API (`--policies auto` leaves its defaults, which shed under a
+closed loop: that is the surge benchmark's subject, not the serving path's cost).
+vLLM's server starts as its CPU guide recommends: tcmalloc preloaded,
 `VLLM_CPU_KVCACHE_SPACE` set; `tailguard serve` preloads tcmalloc itself. Each round,
 each side takes, in turn (the side that goes first alternates by round):
 
+- (b) light load: the open-loop workload at `--light-rate` req/s (well below capacity)
+  for `--light-s` seconds: client-side TTFT and TPOT p50/p99 (every light-load round
+  runs before the first saturation round);
 - (a) saturation: a closed loop of `--concurrency` clients sending the seeded mixed
   workload back to back for `--saturate-s` seconds: output tokens/s completed;
-- (b) light load: the open-loop workload at `--light-rate` req/s (well below capacity)
-  for `--light-s` seconds: client-side TTFT and TPOT p50/p99;
 - (c) during each: CPU seconds of the server process itself (utime + stime of every
   thread, from /proc/PID/stat; the engine core is a child and not counted) per
   completed request.
@@ -42,6 +46,9 @@ from slo.spec import load_spec
 
 NAME = "tailguard-tiny-llama"
 SIDES = ("vllm", "tailguard")
+PHASES = ("light", "saturate")
+POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressure",
+            "truncation", "predicted_miss", "batch_control")
 TOKEN = "vs-vllm-bench-admin-token"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -96,7 +103,17 @@ def servers(tmp: Path) -> dict[str, tuple[str, subprocess.Popen]]:
                                                    dict(base, TAILGUARD_ADMIN_TOKEN=TOKEN)))}
 
 
-def measured(url: str, pid: int, spec, coroutine) -> dict:
+def force_policies_off(url: str) -> None:
+    for name in POLICIES:
+        body = json.dumps({"mode": "force_off", "reason": "vs_vllm benchmark"}).encode()
+        request = urllib.request.Request(
+            f"{url}/admin/policies/{name}", body, method="PUT",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+
+
+def measured(pid: int, spec, coroutine) -> dict:
     cpu = process_cpu_s(pid)
     results = asyncio.run(coroutine)
     cpu = process_cpu_s(pid) - cpu
@@ -106,38 +123,52 @@ def measured(url: str, pid: int, spec, coroutine) -> dict:
     return summary
 
 
-def side_run(url: str, pid: int, spec, args, seed: int, warmup: bool) -> dict:
+def phase_run(phase: str, url: str, pid: int, spec, args, seed: int, warmup: bool) -> dict:
     target = Target(url, NAME)
-    closed = Workload("mixed", 50.0, 10.0 if warmup else args.saturate_s, 100_000,
-                      output_tokens=args.output_tokens, seed=seed)
+    if phase == "saturate":
+        pool = Workload("mixed", 50.0, 10.0 if warmup else args.saturate_s, 100_000,
+                        output_tokens=args.output_tokens, seed=seed)
+        return measured(pid, spec, run_closed(target, pool, args.concurrency))
     light = Workload("mixed", args.light_rate, 5.0 if warmup else args.light_s, 100_000,
                      output_tokens=args.output_tokens, seed=seed + 1000)
-    return {"saturate": measured(url, pid, spec, run_closed(target, closed, args.concurrency)),
-            "light": measured(url, pid, spec, run(target, light))}
+    return measured(pid, spec, run(target, light))
 
 
 def rounds(running, args, spec) -> list[dict]:
-    rows = []
-    for i in range(args.rounds + 1):  # round 0 warms both up and is dropped
-        order = list(SIDES) if i % 2 == 0 else list(reversed(SIDES))
-        row = {"round": i, "first": order[0], "loadavg": os.getloadavg()[0]}
-        for side in order:
-            url, process = running[side]
-            row[side] = side_run(url, process.pid, spec, args, seed=i, warmup=i == 0)
-            print(json.dumps({"round": i, "side": side, **brief(row[side])}), flush=True)
-        if i:
-            rows.append(row)
+    """A warm-up of both phases on both sides (dropped); then every light-load round,
+    then every saturation round, so no light-load run follows a saturated one."""
+    for side in SIDES:
+        url, process = running[side]
+        for phase in PHASES:
+            phase_run(phase, url, process.pid, spec, args, seed=0, warmup=True)
+    rows = [{"round": i, "first": SIDES[(i + 1) % 2], "vllm": {}, "tailguard": {}}
+            for i in range(1, args.rounds + 1)]
+    for phase in PHASES:
+        for row in rows:
+            row[f"loadavg_{phase}"] = os.getloadavg()[0]
+            order = SIDES if row["first"] == SIDES[0] else SIDES[::-1]
+            for side in order:
+                url, process = running[side]
+                row[side][phase] = phase_run(phase, url, process.pid, spec, args,
+                                             seed=row["round"], warmup=False)
+                print(json.dumps({"round": row["round"], "phase": phase, "side": side,
+                                  **brief(row[side], phase)}), flush=True)
     return rows
 
 
-def brief(run: dict) -> dict:
-    sat, light = run["saturate"], run["light"]
-    return {"sat_tok_s": sat["output_tokens_per_s"], "sat_ok": sat["ok"],
-            "sat_errors": sat["errors"], "sat_cpu_ms": sat["cpu_ms_per_request"],
-            "light_ok": light["ok"], "light_errors": light["errors"],
-            "light_cpu_ms": light["cpu_ms_per_request"],
-            **{k: light["latency"]["all"][k] for k in
-               ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")}}
+def brief(run: dict, only: str | None = None) -> dict:
+    out = {}
+    if only in (None, "saturate"):
+        sat = run["saturate"]
+        out.update(sat_tok_s=sat["output_tokens_per_s"], sat_ok=sat["ok"],
+                   sat_errors=sat["errors"], sat_cpu_ms=sat["cpu_ms_per_request"])
+    if only in (None, "light"):
+        light = run["light"]
+        out.update(light_ok=light["ok"], light_errors=light["errors"],
+                   light_cpu_ms=light["cpu_ms_per_request"],
+                   **{k: light["latency"]["all"][k] for k in
+                      ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")})
+    return out
 
 
 METRICS = (("(a) output tokens/s, closed loop", "sat_tok_s", 1),
@@ -151,16 +182,17 @@ METRICS = (("(a) output tokens/s, closed loop", "sat_tok_s", 1),
 
 def report(rows: list[dict], args) -> None:
     briefs = [{side: brief(row[side]) for side in SIDES} for row in rows]
-    print(f"\n{len(rows)} rounds; closed loop {args.concurrency} clients x {args.saturate_s:g} s, "
+    print(f"\ntailguard policies: {args.policies}; {len(rows)} rounds; closed loop {args.concurrency} clients x {args.saturate_s:g} s, "
           f"light load {args.light_rate:g} req/s x {args.light_s:g} s, "
           f"{args.output_tokens} output tokens\n")
-    print("| round | first | load avg | " + " | ".join(
+    print("| round | first | load avg (light, saturate) | " + " | ".join(
         f"{key} vLLM / tailguard" for _, key, _ in METRICS) + " |")
     print("|---|---|---|" + "---|" * len(METRICS))
     for row, b in zip(rows, briefs):
         cells = [f"{scale * b['vllm'][key]:.1f} / {scale * b['tailguard'][key]:.1f}"
                  for _, key, scale in METRICS]
-        print(f"| {row['round']} | {row['first']} | {row['loadavg']:.2f} | " + " | ".join(cells)
+        print(f"| {row['round']} | {row['first']} | {row['loadavg_light']:.2f}, "
+              f"{row['loadavg_saturate']:.2f} | " + " | ".join(cells)
               + " |")
     print("\n| metric | vLLM median | tailguard median | tailguard/vLLM per round: median "
           "[min-max] |\n|---|---:|---:|---:|")
@@ -185,11 +217,16 @@ def main() -> None:
     ap.add_argument("--light-rate", type=float, default=1.5)
     ap.add_argument("--light-s", type=float, default=40.0)
     ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--policies", choices=("off", "auto"), default="off",
+                    help="tailguard's degradation policies and batch-size controller: "
+                         "forced off (compare the serving path) or left on (its defaults)")
     args = ap.parse_args()
     spec = load_spec()
     with tempfile.TemporaryDirectory() as tmp:
         running = servers(Path(tmp))
         try:
+            if args.policies == "off":
+                force_policies_off(running["tailguard"][0])
             rows = rounds(running, args, spec)
         finally:
             for _, process in running.values():

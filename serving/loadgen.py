@@ -33,6 +33,7 @@ class Result:
     ttft_s: float | None = None
     e2e_s: float | None = None
     token_times: list[float] = field(default_factory=list)  # s after send, per chunk
+    retry_after_s: float | None = None  # a refusal's Retry-After header
 
     @property
     def tpot_s(self) -> float | None:
@@ -77,7 +78,9 @@ async def run_closed(target: Target, workload: Workload, concurrency: int) -> li
     """Closed loop: `concurrency` clients each send the workload's next request as soon
     as their last one ends, until its duration has passed (arrival times are ignored).
     The arrivals are the pool of requests, cycled if it runs out (give the workload a
-    rate above what the server completes). The server is never idle, so what
+    rate above what the server completes). A client refused with Retry-After waits
+    that long (at most until the end) before its next request, as a well-behaved
+    client does, instead of spinning on refusals. The server is never idle, so what
     completes per second is its capacity, and a
     slower server completes fewer: the comparison can fail, unlike an open loop below
     capacity, which measures the arrival clock."""
@@ -101,6 +104,9 @@ async def run_closed(target: Target, workload: Workload, concurrency: int) -> li
                 results.append(await _sent(client, target, prompts[index % len(prompts)],
                                            result))
                 index += concurrency
+                if result.retry_after_s is not None:  # as a well-behaved client does
+                    left = workload.duration_s - (time.monotonic() - start)
+                    await asyncio.sleep(max(0.0, min(result.retry_after_s, left)))
 
         await asyncio.gather(*(client_loop(i) for i in range(concurrency)))
     return results
@@ -144,6 +150,7 @@ async def _stream(client, target: Target, prompt: str, max_tokens: int, result: 
     async with client.stream("POST", "/v1/completions", json=body, headers=headers) as resp:
         if resp.status_code != 200:
             result.fail(_error_code(await resp.aread(), resp.status_code), resp.status_code)
+            result.retry_after_s = _seconds(resp.headers.get("retry-after"))
             return
         async for line in resp.aiter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
@@ -165,6 +172,13 @@ def _on_event(event: dict, elapsed: float, result: Result) -> None:
     if usage:
         result.prompt_tokens = usage.get("prompt_tokens")
         result.output_tokens = usage.get("completion_tokens") or 0
+
+
+def _seconds(header: str | None) -> float | None:
+    try:
+        return max(0.0, float(header)) if header is not None else None
+    except ValueError:  # an HTTP date: not sent by the servers we drive
+        return None
 
 
 def _error_code(body: bytes, status: int) -> str:

@@ -11,7 +11,7 @@ import time
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from serving.loadgen import Target, run_closed
@@ -27,9 +27,14 @@ class FakeServer:
     def __init__(self, delay_s: float):
         self.delay_s, self.in_flight, self.most_in_flight, self.started = delay_s, 0, 0, 0
         self.last_start = 0.0
+        self.refuse_with: str | None = None  # a Retry-After value: refuse everything
 
     async def completions(self, request):
         await request.json()
+        if self.refuse_with is not None:
+            self.started += 1
+            return JSONResponse({"error": {"code": "shed", "message": "busy"}}, 503,
+                                headers={"Retry-After": self.refuse_with})
         self.in_flight += 1
         self.started += 1
         self.last_start = time.monotonic()
@@ -101,3 +106,20 @@ def test_no_clients_or_no_arrivals_send_nothing(serve):
     url, fake = serve(0.01)
     assert _closed(url, concurrency=0, duration_s=0.5)[0] == []
     assert fake.started == 0
+
+
+def test_a_refused_client_waits_its_retry_after_instead_of_spinning(serve):
+    url, fake = serve(0.01)
+    fake.refuse_with = "0.5"
+    results, _ = _closed(url, concurrency=3, duration_s=1.0)
+    # each client: refused at ~0 s and ~0.5 s, then the duration is over
+    assert len(results) == fake.started == 6
+    assert all(r.status == "error" and r.error_type == "shed" and r.retry_after_s == 0.5
+               for r in results)
+
+
+def test_an_unreadable_retry_after_is_none(serve):
+    url, fake = serve(0.01)
+    fake.refuse_with = "Wed, 21 Oct 2015 07:28:00 GMT"
+    results, _ = _closed(url, concurrency=1, duration_s=0.2)
+    assert results and all(r.retry_after_s is None for r in results)
