@@ -13,23 +13,31 @@ import re
 import statistics
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+
+import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.slo_status import NOW, build  # noqa: E402
+from bench.slo_status import build  # noqa: E402
 from observe.query import query_file  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-log.md"
 
 
-def example_queries() -> list[tuple[str, str]]:
+def example_queries(now: datetime) -> list[tuple[str, str]]:
     """(title, sql) pairs: each ```sql block with the sentence before it."""
     text = DOC.read_text()
     pairs = re.findall(r"\n([^\n`]+):\n\n```sql\n(.*?)```", text, re.S)
-    # `now()` in the docs means "now"; the synthetic log ends at NOW.
-    return [(title, sql.replace("now()", f"TIMESTAMPTZ '{NOW.isoformat()}'"))
+    # `now()` in the docs means "now": the newest arrival of the synthetic log.
+    return [(title, sql.replace("now()", f"TIMESTAMPTZ '{now.isoformat()}'"))
             for title, sql in pairs]
+
+
+def newest_arrival(path: Path) -> datetime:
+    with duckdb.connect(str(path), read_only=True) as conn:
+        return conn.execute("SELECT max(arrival_ts) FROM requests").fetchone()[0]
 
 
 def main() -> None:
@@ -40,9 +48,10 @@ def main() -> None:
     args = ap.parse_args()
     path = args.keep or Path("/tmp/tailguard-bench-10m.duckdb")
     if not path.exists():
-        print(f"generated {args.rows:,} rows in {build(path, args.rows):.1f} s")
+        took = build(path, args.rows, datetime.now(timezone.utc))
+        print(f"generated {args.rows:,} rows in {took:.1f} s")
     print(f"\n| query ({args.rows:,} rows) | best | median |\n|---|---|---|")
-    for title, sql in example_queries():
+    for title, sql in example_queries(newest_arrival(path)):
         times = []
         for _ in range(args.repeat):
             start = time.perf_counter()

@@ -53,3 +53,16 @@ def test_the_bench_reads_the_file_through_the_product_query_function(trace, monk
 def test_a_failing_status_command_fails_the_bench(tmp_path):
     with pytest.raises(RuntimeError, match="no such trace log"):
         slo_status(tmp_path / "missing.duckdb")
+
+
+def test_the_query_bench_runs_every_documented_example_on_the_synthetic_log(trace):
+    """bench/tracelog_query.py: every example of docs/trace-log.md, with now() the
+    newest arrival, answers through the product's query function."""
+    from bench.tracelog_query import example_queries, newest_arrival
+
+    now = newest_arrival(trace)
+    examples = example_queries(now)
+    assert len(examples) >= 5 and all("now()" not in sql for _, sql in examples)
+    for title, sql in examples:
+        observe.query.query_file(trace, sql, timeout_s=60)  # raises on any failure
+    assert now <= datetime.now(timezone.utc)
