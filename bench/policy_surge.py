@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +188,8 @@ def summarize(by_key: dict, duration: float) -> dict:
     realtime = [outcome(r) for kind in ("realtime", "vip") for r in by_key[kind]]
     return {"offered": len(every), "ok": sum(o.served for o in every),
             "shed": sum(r.http_status == 503 for rs in by_key.values() for r in rs),
+            "not_served": dict(Counter(r.error_type for rs in by_key.values() for r in rs
+                                       if r.status != "ok")),
             "goodput_rps": goodput(every, duration),
             "smooth_goodput_rps": smooth_goodput(every, duration),
             "goodput_per_served": goodput_per_served(every),

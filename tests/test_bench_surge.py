@@ -143,8 +143,11 @@ def test_a_client_result_is_scored_by_what_it_asked_and_got():
 
 
 def test_one_run_summary_from_client_results():
+    quota = Result(0, 0.0, PROMPT, ASK)
+    quota.fail("client_sequence_limit", 429)
     by_key = {"realtime": [served(), shed()], "vip": [served(output=32)],
-              "batch": [served(ttft_s=TARGET_S * 2)]}
+              "batch": [served(ttft_s=TARGET_S * 2), quota]}
     assert summarize(by_key, 2.0) == {
-        "offered": 4, "ok": 3, "shed": 1, "goodput_rps": 1.0, "smooth_goodput_rps": 0.75,
-        "goodput_per_served": 2 / 3, "realtime_key_attainment": 2 / 3}
+        "offered": 5, "ok": 3, "shed": 1, "not_served": {"shed": 1, "client_sequence_limit": 1},
+        "goodput_rps": 1.0, "smooth_goodput_rps": 0.75, "goodput_per_served": 2 / 3,
+        "realtime_key_attainment": 2 / 3}
