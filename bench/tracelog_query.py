@@ -29,9 +29,10 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-log.md"
 def example_queries(now: datetime) -> list[tuple[str, str]]:
     """(title, sql) pairs: each ```sql block with the sentence before it."""
     text = DOC.read_text()
-    pairs = re.findall(r"\n([^\n`]+):\n\n```sql\n(.*?)```", text, re.S)
+    # the title is the whole paragraph before the block (it may wrap over lines)
+    pairs = re.findall(r"\n\n((?:[^\n`]+\n)*?[^\n`]+):\n\n```sql\n(.*?)```", text, re.S)
     # `now()` in the docs means "now": the newest arrival of the synthetic log.
-    return [(title, sql.replace("now()", f"TIMESTAMPTZ '{now.isoformat()}'"))
+    return [(" ".join(title.split()), sql.replace("now()", f"TIMESTAMPTZ '{now.isoformat()}'"))
             for title, sql in pairs]
 
 

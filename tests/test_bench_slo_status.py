@@ -63,6 +63,7 @@ def test_the_query_bench_runs_every_documented_example_on_the_synthetic_log(trac
     now = newest_arrival(trace)
     examples = example_queries(now)
     assert len(examples) >= 5 and all("now()" not in sql for _, sql in examples)
+    assert all(title[0].isupper() for title, _ in examples)  # whole sentences, not tails
     for title, sql in examples:
         observe.query.query_file(trace, sql, timeout_s=60)  # raises on any failure
     assert now <= datetime.now(timezone.utc)
