@@ -116,6 +116,22 @@ class EnvCarryingContext:
 
 def run_with_environ(environ: dict, target, kwargs: dict):
     """Runs in the forked child: take the parent's environment, then the target."""
-    os.environ.clear()
-    os.environ.update(environ)
+    _prepare_process_title()
+    for key in set(os.environ) - set(environ):
+        del os.environ[key]
+    for key, value in environ.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
     return target(**kwargs)
+
+
+def _prepare_process_title() -> None:
+    """vLLM names its engine core with setproctitle (`VLLM::EngineCore`), which
+    claims the memory of argv and the environment the first time it is used. Once
+    the environment has been changed it can no longer, and the process stays
+    `python` in ps, top and py-spy, where operators look for it. So claim it first."""
+    try:
+        import setproctitle
+    except ImportError:
+        return
+    setproctitle.getproctitle()

@@ -52,6 +52,25 @@ def test_a_variable_removed_later_is_gone_in_the_child(tmp_path, late_variable):
     assert _seen_by_child(carrying, tmp_path / "b") == "<unset>"
 
 
+def name_myself(path: str) -> None:
+    import setproctitle
+
+    setproctitle.setproctitle("VLLM::EngineCore")  # what vLLM's engine core does
+    with open("/proc/self/comm") as comm, open(path, "w") as out:
+        out.write(comm.read().strip())
+
+
+def test_the_child_can_still_name_itself_after_its_environment_changed(tmp_path,
+                                                                       late_variable):
+    carrying = EnvCarryingContext(multiprocessing.get_context("forkserver"))
+    os.environ[LATE] = "changed after the fork server started"
+    child = carrying.Process(target=name_myself, kwargs={"path": str(tmp_path / "name")})
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert (tmp_path / "name").read_text() == "VLLM::EngineCor"  # comm keeps 15 bytes
+
+
 def test_other_context_attributes_pass_through():
     raw = multiprocessing.get_context("forkserver")
     assert EnvCarryingContext(raw).get_start_method() == "forkserver"
