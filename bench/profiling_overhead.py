@@ -214,7 +214,9 @@ def report(rounds: list[dict], args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--batches", type=int, default=8, help="batches per side-turn (one batch is about half a second: too short for the agent's CPU to register in 10 ms ticks)")
+    ap.add_argument("--batches", type=int, default=8,
+                    help="batches per side-turn (one batch takes about half a second: too "
+                         "short for the agent's CPU to register in 10 ms clock ticks)")
     ap.add_argument("--requests", type=int, default=8, help="prompts per batch")
     ap.add_argument("--prompt-min", type=int, default=32)
     ap.add_argument("--prompt-max", type=int, default=1200)
