@@ -1,4 +1,4 @@
-"""What the engine's allocator settings do (serving/allocator.py): resident-memory
+"""What the engine's allocator settings do (serving/engine/allocator.py): resident-memory
 growth and batch time of the real vLLM engine on the embedded model, under glibc
 malloc or tcmalloc, with oneDNN's global primitive cache on (1024, its default) or off.
 
@@ -47,7 +47,7 @@ def child(workload: str) -> dict:
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
     from vllm import LLM, SamplingParams
 
-    from serving.model import ensure_model
+    from serving.engine.embedded_model import ensure_model
 
     llm = LLM(model=str(ensure_model()), enforce_eager=True, distributed_executor_backend="uni",
               enable_prefix_caching=False)
@@ -73,7 +73,7 @@ def child(workload: str) -> dict:
 
 
 def run(config: dict, workload: str) -> dict:
-    from serving.allocator import find_tcmalloc
+    from serving.engine.allocator import find_tcmalloc
 
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = config["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]

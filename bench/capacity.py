@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from serving.bench_report import percentile
-from serving.loadgen import Target, discover, run
-from serving.workload import Workload
+from loadgen.report import percentile
+from loadgen.runner import Target, discover, run
+from loadgen.workload import Workload
 from slo.targets import DEFAULT_TTFT_TARGET
 
 # (bucket, prompt tokens) — the longest bucket the embedded model's context allows.

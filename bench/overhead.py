@@ -72,7 +72,7 @@ ORDERS = (("off", "on", "bare", "observed"), ("observed", "bare", "on", "off"),
 ENGINES = ("off", "on", "runtime")
 SETTLE_S = 1.2  # pause after each side-turn: the trace log's 1 s flush lands in it
 FIRST_TOKEN_ID = 3  # skip the special tokens at the start of the embedded vocab
-ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"  # serving.step_plugin.ENV_STEP_SOCKET
+ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"  # serving.engine.step_plugin.ENV_STEP_SOCKET
 PINNED_LIMIT = 64  # >= the concurrency, so the limiter never holds a request back
 PINNED_LIMIT_YAML = (f"batch_floor: {PINNED_LIMIT}\nbatch_initial: {PINNED_LIMIT}\n"
                      f"batch_cap: {PINNED_LIMIT}\n")
@@ -188,7 +188,7 @@ async def batch_bare(engine, prompts, params) -> dict:
 async def batch_observed(runtime, prompts, params, cpu: dict) -> dict:
     """The same calls through the full observation path (what serving/generation.py
     does around vLLM's serving handler, minus HTTP and vLLM's OpenAI layer)."""
-    from serving.engine import current_request
+    from serving.engine.observed import current_request
 
     begin, finish = cpu["begin"].wrap(runtime.observer.begin), \
         cpu["finish"].wrap(runtime.observer.finish)
@@ -231,10 +231,10 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
     from vllm import SamplingParams
 
     from serving.config import ServerConfig
-    from serving.engine_setup import start_engine, vllm_namespace
-    from serving.model import ensure_model
+    from serving.engine.setup import start_engine, vllm_namespace
+    from serving.engine.embedded_model import ensure_model
     from serving.runtime import Runtime
-    from serving.steps import StepLedger
+    from serving.engine.step_receiver import StepLedger
 
     model = ensure_model()
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]

@@ -58,9 +58,9 @@ from pathlib import Path
 import httpx
 
 from observe.registry import PRIORITY_REALTIME
-from serving.launcher import wait_ready
-from serving.loadgen import Target, run
-from serving.workload import Workload
+from tailguard.launcher import wait_ready
+from loadgen.runner import Target, run
+from loadgen.workload import Workload
 from slo.targets import DEFAULT_TTFT_TARGET
 
 KEYS = {"realtime": ("sk-bench-rt", 0.6), "vip": ("sk-bench-vip", 0.1),

@@ -21,13 +21,13 @@ import numpy as np
 
 from observe.stats import RequestRecord
 from serving.admission import Admission
-from serving.engine_stats import EngineSecond
-from serving.faults import FaultInjector
+from serving.engine.stats import EngineSecond
+from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter
-from serving.load import LoadTracker
-from serving.prediction import PredictionService
-from slo.features import TrainingSet, training_sql
-from slo.predictor import SeedModel, train
+from serving.engine.load import LoadTracker
+from serving.guard.live_predictor import PredictionService
+from slo.predict.features import TrainingSet, training_sql
+from slo.predict.model import SeedModel, train
 
 
 def time_admit(admission: Admission, prompts: np.ndarray) -> np.ndarray:

@@ -233,7 +233,7 @@ def main() -> None:
 
     from vllm import LLM, SamplingParams
 
-    from serving.model import ensure_model
+    from serving.engine.embedded_model import ensure_model
 
     llm = LLM(model=str(ensure_model()), enforce_eager=True, seed=0,
               distributed_executor_backend="uni")

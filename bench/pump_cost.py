@@ -26,7 +26,7 @@ from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
 
 from observe.stats import RequestRecord, WallClock  # noqa: E402
-from serving.engine import ObservedEngine, current_request  # noqa: E402
+from serving.engine.observed import ObservedEngine, current_request  # noqa: E402
 
 
 class FakeLedger:

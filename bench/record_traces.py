@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from serving.launcher import wait_ready
-from serving.loadgen import Target, discover, run
-from serving.workload import SCENARIOS, Workload
+from tailguard.launcher import wait_ready
+from loadgen.runner import Target, discover, run
+from loadgen.workload import SCENARIOS, Workload
 
 KV_CACHE_BYTES = 48 * 1024 * 1024
 

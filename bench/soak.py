@@ -32,9 +32,9 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serving.launcher import wait_ready  # noqa: E402
-from slo.live import quantile  # noqa: E402
-from slo.policies import PolicyConfig  # noqa: E402
+from tailguard.launcher import wait_ready  # noqa: E402
+from slo.policy.live_windows import quantile  # noqa: E402
+from slo.policy.conditions import PolicyConfig  # noqa: E402
 
 TOKEN = "soak-bench-admin-token"
 WORDS = ("the of and to in is that for it as with be on not this are by or an from at "
@@ -126,7 +126,7 @@ async def offer(url: str, rate: float, duration: float, seed: int,
 
 
 def p99(values: list[float]) -> float | None:
-    """Nearest-rank P99, as the breaker computes it (`slo.live.quantile`)."""
+    """Nearest-rank P99, as the breaker computes it (`slo.policy.live_windows.quantile`)."""
     return quantile(values, 0.99)
 
 

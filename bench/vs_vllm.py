@@ -37,11 +37,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from serving.allocator import find_tcmalloc
-from serving.bench_report import summarize
-from serving.loadgen import Target, run, run_closed
-from serving.model import ensure_model
-from serving.workload import Workload
+from serving.engine.allocator import find_tcmalloc
+from loadgen.report import summarize
+from loadgen.runner import Target, run, run_closed
+from serving.engine.embedded_model import ensure_model
+from loadgen.workload import Workload
 from slo.spec import load_spec
 
 NAME = "tailguard-tiny-llama"

@@ -77,7 +77,7 @@ def _check_instance(instance: str) -> str:
 
 def _where(table: str) -> str:
     """Rows older than `?`. An override stays while it is its policy's latest: a server
-    re-applies that one on restart (serving/overrides.py reads the newest per policy)."""
+    re-applies that one on restart (serving/admin/overrides.py reads the newest per policy)."""
     where = f"{TIME_COLUMNS[table]} < ?"
     if table == "overrides":
         where += (" AND created_ts < (SELECT max(o.created_ts) FROM overrides o"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests use: Prometheus + promtool (rules, end-to-end scrape);
 # Chromium (+ a colour emoji font for its screenshots) for the console's browser test.
-# libtcmalloc-minimal4: the allocator `serve` preloads for the engine (serving/allocator.py).
+# libtcmalloc-minimal4: the allocator `serve` preloads for the engine (serving/engine/allocator.py).
 # Idempotent: installs only what is missing. Needs root (as on CI and dev machines).
 set -euo pipefail
 PACKAGES=(prometheus chromium fonts-noto-color-emoji libtcmalloc-minimal4)

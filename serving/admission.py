@@ -16,11 +16,11 @@ import time
 from observe import registry as R
 from observe.stats import RequestRecord
 from serving.errors import ApiError
-from serving.faults import FaultInjector
+from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter, LimiterTimeout
-from serving.load import LoadTracker
-from serving.prediction import PredictionService
-from slo.decisions import Decisions
+from serving.engine.load import LoadTracker
+from serving.guard.live_predictor import PredictionService
+from slo.policy.decisions import Decisions
 
 
 class Refused(Exception):

@@ -16,8 +16,8 @@ from serving.http_limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_
                                  DEFAULT_KEEP_ALIVE_S, HttpLimits, default_max_connections)
 from serving.keys import KeyRing, load_keys
 from serving.profiling import ProfilingConfig, profiling_config_from
-from slo import modelfile
-from slo.policies import PolicyConfig
+from slo import model_files
+from slo.policy.conditions import PolicyConfig
 from slo.spec import SLOSpec, load_spec, parse_duration
 
 ENV_DB = "TAILGUARD_DB"
@@ -113,7 +113,7 @@ class ServerConfig:
         self.max_n = self.max_n or _env(ENV_MAX_N, DEFAULT_MAX_N, int)
         self._resolve_client_bounds()
         self.model_dir = self.model_dir or _env(ENV_MODEL_DIR,
-                                                str(modelfile.default_dir(self.db)))
+                                                str(model_files.default_dir(self.db)))
         if self.retrain_interval_s is None:
             self.retrain_interval_s = _env(ENV_RETRAIN_S, DEFAULT_RETRAIN_S, float)
         if self.reselect_interval_s is None:
@@ -159,11 +159,11 @@ class ServerConfig:
 
     @property
     def predictor_path(self) -> Path:
-        return Path(self.model_dir, modelfile.LATENCY_FILE)
+        return Path(self.model_dir, model_files.LATENCY_FILE)
 
     @property
     def forecaster_path(self) -> Path:
-        return Path(self.model_dir, modelfile.FORECAST_FILE)
+        return Path(self.model_dir, model_files.FORECAST_FILE)
 
     @property
     def model_name(self) -> str:

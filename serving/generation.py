@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from observe import registry as R
-from serving.engine import current_request
+from serving.engine.observed import current_request
 from serving.errors import ApiError, from_exception, from_validation, from_vllm_response
 from serving.http_limits import body_timed_out
 from serving.streaming import (

@@ -27,7 +27,7 @@ import yaml
 
 from observe.registry import PRIORITIES, PRIORITY_BATCH, PRIORITY_REALTIME
 from slo.spec import SpecError
-from slo.yamlpos import Located, load_located
+from slo.yaml_positions import Located, load_located
 
 PRIORITY_HEADER = "X-Tailguard-Priority"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")  # fullmatch: no newline

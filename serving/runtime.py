@@ -21,25 +21,25 @@ from observe.otlp import create_otlp_metric_reader, create_otlp_span_processor
 from observe.stats import WallClock
 from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
-from serving.admin_auth import resolve_admin_token
+from serving.admin.auth import resolve_admin_token
 from serving.admission import Admission
 from serving.config import ServerConfig
-from serving.engine import ObservedEngine
-from serving.engine_setup import start_engine, vllm_namespace
-from serving.engine_stats import EngineSecond, stat_logger_factory
+from serving.engine.observed import ObservedEngine
+from serving.engine.setup import start_engine, vllm_namespace
+from serving.engine.stats import EngineSecond, stat_logger_factory
 from serving.errors import ApiError
-from serving.faults import FaultInjector
-from serving.forecasting import ForecastService
-from serving.guard import Guard
+from serving.engine.fault_injection import FaultInjector
+from serving.guard.live_forecast import ForecastService
+from serving.guard.loop import Guard
 from serving.keys import PRIORITY_HEADER
-from serving.load import LoadTracker, resident_bytes
+from serving.engine.load import LoadTracker, resident_bytes
 from serving.observer import Observer
-from serving.periodic import Periodic
-from serving.prediction import PredictionService
+from serving.guard.periodic import Periodic
+from serving.guard.live_predictor import PredictionService
 from serving.quota import SequenceQuota
 from serving.profiling import ENV_PROFILE_SERVER, start_profiling, stop_profiling
-from serving.steps import StepLedger
-from serving.warmup import warm_up
+from serving.engine.step_receiver import StepLedger
+from serving.engine.warmup import warm_up
 
 log = logging.getLogger("tailguard")
 

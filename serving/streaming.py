@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from fastapi.responses import StreamingResponse
 
 from observe import registry as R
-from serving.engine import current_request
+from serving.engine.observed import current_request
 from serving.errors import ApiError
 
 log = logging.getLogger("tailguard")

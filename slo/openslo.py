@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from slo.targets import FixedTarget
-from slo.yamlpos import Located
+from slo.yaml_positions import Located
 
 API_PREFIX = "openslo/"
 

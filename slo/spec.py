@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from slo.targets import ContextTarget, FixedTarget, TableTarget, Target
-from slo.yamlpos import Located, load_located
+from slo.yaml_positions import Located, load_located
 
 LATENCY_SLIS = ("ttft", "tpot", "e2e")
 EVENT_SLIS = ("availability", "error_rate")

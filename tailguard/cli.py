@@ -24,7 +24,7 @@ class Group(click.Group):
 
     def main(self, args=None, prog_name=None, **kwargs):
         if args is None and sys.argv[1:2] == ["serve"]:  # a real command line, not a test
-            from serving.allocator import reexec_with_tcmalloc
+            from serving.engine.allocator import reexec_with_tcmalloc
 
             reexec_with_tcmalloc(sys.argv[1:])
         try:

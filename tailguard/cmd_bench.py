@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from serving.workload import SCENARIOS
+from loadgen.workload import SCENARIOS
 
 
 @click.command("bench")
@@ -38,8 +38,8 @@ def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api
     """
     import httpx
 
-    from serving import bench_report, loadgen
-    from serving.workload import Workload
+    from loadgen import report as bench_report, runner as loadgen
+    from loadgen.workload import Workload
     from slo.spec import SpecError, load_spec
 
     try:
@@ -66,7 +66,7 @@ def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api
 async def _run(target, workload, progress):
     from tqdm import tqdm
 
-    from serving import loadgen
+    from loadgen import runner as loadgen
 
     total = len(workload.arrivals())
     show = sys.stderr.isatty() if progress is None else progress

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from slo.modelfile import FORECAST_FILE, LATENCY_FILE, default_dir
+from slo.model_files import FORECAST_FILE, LATENCY_FILE, default_dir
 from tailguard.clitools import one_line
 
 ROWS_MAX = 5_000_000
@@ -30,7 +30,7 @@ def _default_model(db: str, name: str) -> Path:
 
 
 def _training_set(db: str):
-    from slo.features import TrainingSet, training_sql
+    from slo.predict.features import TrainingSet, training_sql
 
     return TrainingSet.from_rows(_rows(db, training_sql()))
 
@@ -48,7 +48,7 @@ def predict():
               help="Newest share of requests kept out of training and judged; 0: train on all.")
 def predict_train(db, out, holdout):
     """Train on the trace log's older requests; print accuracy on the newest."""
-    from slo.predictor import train
+    from slo.predict.model import train
 
     data = _training_set(db)
     train_part, test_part = data.split(holdout) if holdout else (data, data.slice(0, 0))
@@ -71,7 +71,7 @@ def predict_train(db, out, holdout):
 def predict_eval(db, model_file, holdout):
     """Accuracy of a saved model and of the seed formula, and of what the server
     itself predicted (the rows' predicted_* columns)."""
-    from slo.predictor import load_model
+    from slo.predict.model import load_model
 
     path = model_file or _default_model(db, LATENCY_FILE)
     try:
@@ -86,8 +86,8 @@ def predict_eval(db, model_file, holdout):
 
 
 def _print_accuracy(model, test_part) -> None:
-    from slo.accuracy import accuracy, format_table, improvement
-    from slo.predictor import SeedModel
+    from slo.predict.accuracy import accuracy, format_table, improvement
+    from slo.predict.model import SeedModel
 
     seed, trained = accuracy(SeedModel(), test_part), accuracy(model, test_part)
     click.echo(f"held-out requests: {len(test_part)}")
@@ -145,7 +145,7 @@ _SHARE = click.option("--train-share", type=click.FloatRange(0.1, 0.95), default
 
 
 def _series(db: str, step: float):
-    from slo.series import Series, series_sql
+    from slo.forecast.series import Series, series_sql
 
     series = Series.from_rows(_rows(db, series_sql()), step)
     if not len(series):
@@ -165,7 +165,7 @@ def _series(db: str, step: float):
 @click.option("--json", "as_json", is_flag=True, help="Print the backtest as JSON.")
 def forecast_eval(db, target, horizon, step, train_share, seed, as_json):
     """Rolling-origin backtest of the LSTM and the baselines."""
-    from slo.backtest import all_forecasters, backtest
+    from slo.forecast.backtest import all_forecasters, backtest
 
     try:
         result = backtest(_series(db, step), target, horizon, train_share,
@@ -185,7 +185,7 @@ def forecast_eval(db, target, horizon, step, train_share, seed, as_json):
               help="Forecaster file (default: DB.models/memory-forecast.pkl).")
 def forecast_train(db, target, horizon, step, train_share, out):
     """Backtest, then fit the winner on the whole series and save it."""
-    from slo.backtest import MemoryForecaster
+    from slo.forecast.backtest import MemoryForecaster
 
     try:
         chosen = MemoryForecaster.select(_series(db, step), target, horizon,

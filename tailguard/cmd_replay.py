@@ -97,8 +97,8 @@ def replay(db, calibration_db, candidate, baseline, loads, replicas, fmt):
     Example: tailguard replay --db run.duckdb --policies stricter.yaml
     Out of sample: tailguard replay --db tuesday.duckdb --calibrate-from monday.duckdb
     """
-    from slo import replay as rp
-    from slo.engine_model import calibrate
+    from slo.sim import replay as rp
+    from slo.sim.engine_model import calibrate
 
     query = _query(db)
     try:

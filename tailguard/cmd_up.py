@@ -32,8 +32,8 @@ def up(host, port, console_port, db, demo, demo_rate, console_auth, serve_args):
     """
     from dashboards.console.auth import Access
     from dashboards.console.client import ENV_TOKEN
-    from serving.launcher import Launcher, LaunchError
-    from serving.model import ensure_model
+    from tailguard.launcher import Launcher, LaunchError
+    from serving.engine.embedded_model import ensure_model
 
     if ENV_TOKEN in os.environ:  # the server would refuse it, but only after a minute
         _usable(os.environ[ENV_TOKEN], f"${ENV_TOKEN}")
@@ -47,7 +47,7 @@ def up(host, port, console_port, db, demo, demo_rate, console_auth, serve_args):
         launcher.stop()
         raise click.ClickException(str(exc))
     if demo:
-        from serving.demo import start_demo
+        from loadgen.demo import start_demo
 
         start_demo(launcher.url, demo_rate)
     click.echo(f"tailguard: API      {launcher.url}/v1   (OpenAI-compatible; metrics at /metrics)")
@@ -84,7 +84,7 @@ def console(url, token_file, db, slo, refresh, port, host, auth, print_password)
     """
     from dashboards.console import client
     from dashboards.console.auth import Access, console_password
-    from serving.launcher import console_command
+    from tailguard.launcher import console_command
 
     if slo and not db:
         raise click.UsageError("--slo goes with --db (a server judges by its own spec)")
@@ -119,7 +119,7 @@ def _login_token(env: dict[str, str]) -> str:
 
 
 def _usable(token: str, source: str) -> str:
-    from serving.admin_auth import AdminTokenError, usable_token
+    from serving.admin.auth import AdminTokenError, usable_token
 
     try:
         return usable_token(token, source)[0]

@@ -26,7 +26,7 @@ def model_init(directory):
 
     Example: tailguard model init ./tiny-model
     """
-    from serving.model import ensure_model
+    from serving.engine.embedded_model import ensure_model
 
     click.echo(str(ensure_model(directory)))
 
@@ -106,7 +106,7 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
             vllm_args=list(vllm_args))
     except ValueError as exc:
         raise click.UsageError(str(exc))
-    from serving.admin_auth import AdminTokenError
+    from serving.admin.auth import AdminTokenError
     from serving.server import run
 
     try:
@@ -116,7 +116,7 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
 
 
 def _embedded_model():
-    from serving.model import ensure_model
+    from serving.engine.embedded_model import ensure_model
 
     return ensure_model()
 

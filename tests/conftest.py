@@ -66,7 +66,7 @@ def start_server(tmp: Path, *extra: str) -> Server:
 
 
 def _wait_ready(server: Server) -> None:
-    from serving.launcher import LaunchError, wait_ready
+    from tailguard.launcher import LaunchError, wait_ready
 
     try:
         wait_ready(server.url, server.process, server.log, STARTUP_TIMEOUT_S)
@@ -80,7 +80,7 @@ def stop_server(server: Server) -> None:
     this server outlives it, whatever state it was left in."""
     import psutil
 
-    from serving.engine_procs import alive, kill_all
+    from serving.engine.processes import alive, kill_all
 
     try:
         engines = psutil.Process(server.process.pid).children(recursive=True)

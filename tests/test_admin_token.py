@@ -11,7 +11,7 @@ import sys
 import pytest
 from starlette.requests import Request
 
-from serving.admin_auth import (
+from serving.admin.auth import (
     MIN_TOKEN_CHARS,
     AdminTokenError,
     check_token,

@@ -13,13 +13,13 @@ import pytest
 from observe import registry as R
 from observe.stats import RequestRecord
 from serving.admission import Admission, Refused
-from serving.engine_stats import EngineSecond
+from serving.engine.stats import EngineSecond
 from serving.errors import ApiError
-from serving.faults import FaultInjector
+from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter, LimiterTimeout
-from serving.load import LoadTracker
-from serving.prediction import PredictionService
-from slo.decisions import Decisions
+from serving.engine.load import LoadTracker
+from serving.guard.live_predictor import PredictionService
+from slo.policy.decisions import Decisions
 
 
 def _admission(decisions: Decisions, target_s: float = 0.5, limit: int = 8) -> Admission:

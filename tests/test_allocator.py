@@ -1,5 +1,5 @@
 """The engine's allocator: `serve` re-executes itself with tcmalloc preloaded, and the
-engine starts without oneDNN's global primitive cache (serving/allocator.py)."""
+engine starts without oneDNN's global primitive cache (serving/engine/allocator.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving.allocator import (
+from serving.engine.allocator import (
     ENV_TCMALLOC,
     find_tcmalloc,
     preload_env,

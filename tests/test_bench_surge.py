@@ -18,7 +18,7 @@ from bench.policy_surge import (
     smooth_goodput,
     summarize,
 )
-from serving.loadgen import Result
+from loadgen.runner import Result
 from slo.targets import DEFAULT_TTFT_TARGET
 
 ASK = 64  # max_tokens the surge workload asks

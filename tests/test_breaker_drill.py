@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench.policy_surge import drill_recovery
-from serving.loadgen import Result
+from loadgen.runner import Result
 from slo.targets import DEFAULT_TTFT_TARGET
 
 FAULT_S, CLEAR_S, END_S = 30.0, 75.0, 115.0

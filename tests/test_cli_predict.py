@@ -21,9 +21,9 @@ import pytest
 from click.testing import CliRunner
 
 from observe.tracelog import TraceLog
-from slo.backtest import load_forecaster
-from slo.predictor import MIN_ROWS, load_model
-from slo.series import Series
+from slo.forecast.backtest import load_forecaster
+from slo.predict.model import MIN_ROWS, load_model
+from slo.forecast.series import Series
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REQUESTS = 600
@@ -48,7 +48,7 @@ def one_thread():
 
 @pytest.fixture(autouse=True)
 def small_lstm(monkeypatch):
-    from slo import lstm
+    from slo.forecast import lstm
 
     monkeypatch.setattr(lstm, "LSTMForecaster",
                         functools.partial(lstm.LSTMForecaster, window=12, hidden=8, epochs=3))
@@ -230,7 +230,7 @@ def test_forecast_eval_as_json(trace_file):
 
 
 def test_forecast_eval_seed_sets_the_lstm_members_seeds(trace_file):
-    from slo.backtest import all_forecasters
+    from slo.forecast.backtest import all_forecasters
 
     lstm = all_forecasters(7)[-1]
     assert (lstm.name, lstm.seed) == ("lstm", 7) and all_forecasters()[-1].seed == 0
@@ -276,9 +276,9 @@ def test_predict_eval_with_a_file_that_is_no_model_is_one_line(tmp_path, few_row
                                                                needle):
     path = tmp_path / "m.pkl"
     if content is None:
-        from slo import modelfile
+        from slo import model_files
 
-        modelfile.save({"weights": []}, path, "memory forecaster", 1)
+        model_files.save({"weights": []}, path, "memory forecaster", 1)
     else:
         path.write_bytes(content)
     line = usage_error(tailguard("predict", "eval", "--db", str(few_rows), "--model", str(path)))

@@ -17,8 +17,8 @@ from dashboards.console import queries
 from dashboards.console.auth import console_password
 from dashboards.console.client import AdminClient
 from observe.tracelog import TraceLog
-from slo import policies as P
-from slo.accuracy import GATE_EVENT
+from slo.policy import conditions as P
+from slo.predict.accuracy import GATE_EVENT
 from tests.conftest import ADMIN_TOKEN, free_port
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "console" / "app.py")

@@ -18,7 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboards.console import client
 from dashboards.console.auth import ALWAYS, AUTO, Access, console_password, is_loopback
-from serving.launcher import console_command
+from tailguard.launcher import console_command
 from tests.conftest import ADMIN_TOKEN, free_port
 
 APP = str(Path(__file__).resolve().parent.parent / "dashboards" / "console" / "app.py")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.launcher import console_command
+from tailguard.launcher import console_command
 from tests.conftest import ADMIN_TOKEN, free_port, start_server, stop_server
 
 CHROMIUM = "/usr/bin/chromium"

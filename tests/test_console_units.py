@@ -13,7 +13,7 @@ from dashboards.console import health as H
 from dashboards.console import queries as Q
 from observe.query import query_file
 from observe.schema import create_schema
-from slo.accuracy import GATE_EVENT
+from slo.predict.accuracy import GATE_EVENT
 
 # --- health ----------------------------------------------------------------------------
 

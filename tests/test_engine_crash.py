@@ -35,8 +35,8 @@ import psutil
 import pytest
 
 from observe.stats import RequestRecord, WallClock
-from serving import engine as E
-from serving import engine_faults as F
+from serving.engine import observed as E
+from serving.engine import failures as F
 from tests.conftest import start_server, stop_server
 
 HANG_S = 5  # the watchdog's timeout on this server

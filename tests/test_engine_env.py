@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from serving.engine_setup import EnvCarryingContext
+from serving.engine.setup import EnvCarryingContext
 
 LATE = "TAILGUARD_TEST_LATE_VARIABLE"
 

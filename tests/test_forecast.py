@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from slo.backtest import BOUNDS, MemoryForecaster, backtest, clip, load_forecaster
-from slo.baselines import ALPHAS, EWMA, Holt, LastValue, RidgeLags
-from slo.lstm import LSTMForecaster
-from slo.series import COLUMNS, Series, horizon_steps, series_sql
+from slo.forecast.backtest import BOUNDS, MemoryForecaster, backtest, clip, load_forecaster
+from slo.forecast.baselines import ALPHAS, EWMA, Holt, LastValue, RidgeLags
+from slo.forecast.lstm import LSTMForecaster
+from slo.forecast.series import COLUMNS, Series, horizon_steps, series_sql
 
 KV = "kv_cache_usage"
 T0 = 1_767_225_600.0
@@ -360,9 +360,9 @@ def test_a_saved_lstm_forecaster_round_trips(tmp_path):
 
 
 def test_a_latency_model_file_is_not_a_forecaster(tmp_path):
-    from slo import modelfile
+    from slo import model_files
 
-    path = modelfile.save({"not": "a forecaster"}, tmp_path / "m.pkl", "latency model", 1)
+    path = model_files.save({"not": "a forecaster"}, tmp_path / "m.pkl", "latency model", 1)
     with pytest.raises(ValueError, match="not a tailguard memory forecaster"):
         load_forecaster(path)
 
@@ -377,7 +377,7 @@ def test_clip(target, values, expected):
 
 
 def test_bounds_cover_the_forecast_targets():
-    from slo.series import TARGETS
+    from slo.forecast.series import TARGETS
 
     assert set(BOUNDS) == set(TARGETS)
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from serving.bench_report import percentile
-from serving.workload import CHAT_TOKENS, Workload
+from loadgen.report import percentile
+from loadgen.workload import CHAT_TOKENS, Workload
 
 
 def _count(arrivals, lo, hi):

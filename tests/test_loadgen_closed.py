@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from serving.loadgen import Target, run_closed
-from serving.workload import Workload
+from loadgen.runner import Target, run_closed
+from loadgen.workload import Workload
 from tests.conftest import free_port
 
 TOKENS = 4

@@ -16,11 +16,11 @@ import pytest
 
 from observe.stats import AdmissionLoad, EngineSnapshot
 from observe.tracelog import TraceLog
-from serving import prediction
-from serving.forecasting import ForecastService, horizon_label
-from serving.prediction import MIN_RETRAIN_ROWS, PredictionService
-from slo.accuracy import GATE_EVENT
-from slo.predictor import MIN_ROWS, SEED_VERSION, load_model, seed_ttft_s
+from serving.guard import live_predictor as prediction
+from serving.guard.live_forecast import ForecastService, horizon_label
+from serving.guard.live_predictor import MIN_RETRAIN_ROWS, PredictionService
+from slo.predict.accuracy import GATE_EVENT
+from slo.predict.model import MIN_ROWS, SEED_VERSION, load_model, seed_ttft_s
 
 IDLE = AdmissionLoad(0, 0, 0.0, 0.0, 0, 0)
 

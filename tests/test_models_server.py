@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from observe.tracelog import TraceLog
-from slo.accuracy import GATE_EVENT
-from slo.predictor import SEED_VERSION, seed_ttft_s
+from slo.predict.accuracy import GATE_EVENT
+from slo.predict.model import SEED_VERSION, seed_ttft_s
 from tests.conftest import ADMIN_TOKEN, start_server, stop_server
 from tests.test_model_services import _requests
 from tests.test_serving import row_for, sample

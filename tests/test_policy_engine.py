@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from slo import policies as P
-from slo.batch_control import BatchController, LimitChange
-from slo.decisions import Decisions, decide
-from slo.live import OutcomeWindow, SampleWindow, quantile
-from slo.policy import (
+from slo.policy import conditions as P
+from slo.policy.batch_size import BatchController, LimitChange
+from slo.policy.decisions import Decisions, decide
+from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile
+from slo.policy.lifecycle import (
     ACTIVE,
     AUTO,
     FORCE_OFF,

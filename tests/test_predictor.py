@@ -10,11 +10,11 @@ import duckdb
 import numpy as np
 import pytest
 
-from slo import modelfile
-from slo.accuracy import MIN_HOLDOUT, Accuracy, accuracy, improvement, judge, scores
-from slo.features import FEATURES, TrainingSet, training_sql
-from slo.forest import compile_forest
-from slo.predictor import (
+from slo import model_files
+from slo.predict.accuracy import MIN_HOLDOUT, Accuracy, accuracy, improvement, judge, scores
+from slo.predict.features import FEATURES, TrainingSet, training_sql
+from slo.predict.forest import compile_forest
+from slo.predict.model import (
     FORMAT,
     KIND,
     MIN_ROWS,
@@ -230,7 +230,7 @@ def test_a_saved_model_loads_and_predicts_identically(trained, tmp_path):
 @pytest.mark.parametrize("kind,fmt", [(KIND, FORMAT + 1), ("memory forecaster", FORMAT),
                                       ("latency", FORMAT)])
 def test_a_file_of_another_kind_or_format_is_refused(trained, tmp_path, kind, fmt):
-    path = modelfile.save(trained[0], tmp_path / "m.pkl", kind, fmt)
+    path = model_files.save(trained[0], tmp_path / "m.pkl", kind, fmt)
     with pytest.raises(ValueError, match="not a tailguard latency model"):
         load_model(path)
 

@@ -35,7 +35,7 @@ from observe.registry import (
 )
 from observe.tracelog import TraceLog
 from slo.budget import compute_status
-from slo.live import SampleWindow, quantile
+from slo.policy.live_windows import SampleWindow, quantile
 from slo.spec import (
     EVENT_SLIS,
     LATENCY_SLIS,

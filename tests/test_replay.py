@@ -1,5 +1,5 @@
 """Replay / what-if: the engine model, the discrete-event simulator (with and without
-the real policy engine), `slo.replay` and the `replay` command, on hand-made models and
+the real policy engine), `slo.sim.replay` and the `replay` command, on hand-made models and
 a synthetic trace log written with the real TraceLog. No server; every expected
 number below is worked out by hand from the model's step cost.
 
@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from observe.query import query_file
 from observe.tracelog import TraceLog
-from slo import policies as P
-from slo import replay as rp
-from slo.engine_model import MIN_STEPS, EngineModel, calibrate, fit_steps
-from slo.simulate import LIMITER_MAX_WAIT_S, SimRequest, Simulator
+from slo.policy import conditions as P
+from slo.sim import replay as rp
+from slo.sim.engine_model import MIN_STEPS, EngineModel, calibrate, fit_steps
+from slo.sim.simulation import LIMITER_MAX_WAIT_S, SimRequest, Simulator
 from tailguard.cmd_replay import replay
 
 CHUNK_S = 0.11  # a full 100-token prefill chunk, one sequence

@@ -26,7 +26,7 @@ import duckdb
 import httpx
 import pytest
 
-from serving.admin_auth import default_token_file
+from serving.admin.auth import default_token_file
 from serving.config import ENV_ADMIN_TOKEN
 from tests.conftest import Server, _wait_ready, free_port
 
@@ -405,7 +405,7 @@ def test_no_secret_reaches_the_log_or_the_trace_log(guarded):
 
 
 def test_a_token_file_others_can_read_is_used_with_a_warning(tmp_path, monkeypatch, caplog):
-    from serving.admin_auth import resolve_admin_token
+    from serving.admin.auth import resolve_admin_token
 
     monkeypatch.delenv("TAILGUARD_ADMIN_TOKEN", raising=False)
     path = tmp_path / "token"

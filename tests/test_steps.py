@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 
 from observe.stats import StepRecord
-from serving.engine_stats import EngineSecond
-from serving.step_plugin import ENV_STEP_SOCKET, StepSender
-from serving.steps import StepLedger, external_id
+from serving.engine.stats import EngineSecond
+from serving.engine.step_plugin import ENV_STEP_SOCKET, StepSender
+from serving.engine.step_receiver import StepLedger, external_id
 
 
 @pytest.fixture

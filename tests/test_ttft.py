@@ -95,7 +95,7 @@ def test_several_engine_requests_take_the_earliest_first_token():
 
 
 def test_absorbing_two_final_outputs_keeps_the_earliest_first_token():
-    from serving.engine import _absorb
+    from serving.engine.observed import _absorb
 
     def final(stats, tokens):
         return SimpleNamespace(prompt_token_ids=[1, 2, 3], metrics=stats, outputs=[

@@ -70,7 +70,7 @@ def test_up_refuses_an_empty_token_before_starting_anything(tmp_path):
                                         ("127.0.0.1", "auto")])
 def test_up_tells_the_console_where_it_listens_and_when_to_ask(tmp_path, monkeypatch,
                                                               host, auth):
-    from serving.launcher import Launcher
+    from tailguard.launcher import Launcher
 
     monkeypatch.delenv("TAILGUARD_ADMIN_TOKEN", raising=False)
     db = str(tmp_path / "up.duckdb")

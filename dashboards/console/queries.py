@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from slo.accuracy import GATE_EVENT
+from slo.predict.accuracy import GATE_EVENT
 
 WINDOWS = {"5 min": 5, "15 min": 15, "1 hour": 60, "6 hours": 360, "1 day": 1440}
 METRICS = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end to end": "e2e_s"}

@@ -1,0 +1,289 @@
+"""The client wrapper that observes the in-process vLLM engine (`AsyncLLM`, built in
+`serving/engine/setup.py`; its processes are found in `serving/engine/processes.py`).
+
+vLLM's OpenAI serving classes run on `ObservedEngine`, which only watches
+`generate()`: the wire format stays vLLM's, byte for byte.
+
+`ObservedEngine` also notices the engine failing under its requests (what each fault
+means to a request: `serving/engine/failures.py`). A crashed engine
+core (vLLM raises `EngineDeadError` into every request) and a hung one (requests in
+flight, no engine step for `TAILGUARD_ENGINE_HANG_S` seconds: the watchdog, run by the
+guard's tick, kills it) both leave `errored` true, which breaker L2 restarts on, and
+each request in flight carries an `engine_dead`/`engine_hung` 503 for the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import psutil
+
+from observe.stats import EngineTimes, RequestRecord, WallClock
+from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
+from serving.engine.failures import (
+    ENGINE_DEAD,
+    ENGINE_HUNG,
+    ENGINE_SHUTDOWN,
+    engine_fault_error,
+    engine_hang_s,
+    is_engine_dead,
+)
+from serving.engine.step_receiver import StepLedger
+
+log = logging.getLogger("tailguard")
+
+REAP_WAIT_S = 5.0  # how long a shut-down engine's processes get before SIGKILL
+
+# The request being served on this task; set by the HTTP layer, read by generate().
+current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
+    "tailguard_request", default=None)
+
+
+class ObservedEngine:
+    """Delegates to an `AsyncLLM`; `generate()` also fills the current request's
+    record: token counts, finish reason, first-token time and the engine's stamps."""
+
+    def __init__(self, engine, ledger: StepLedger, clock: WallClock, admission=None,
+                 hang_s: float | None = None):
+        self._engine = engine
+        self._ledger = ledger
+        self._clock = clock
+        self._admission = admission
+        self.hang_s = engine_hang_s() if hang_s is None else hang_s
+        self.fault: str | None = None  # ENGINE_DEAD / ENGINE_HUNG once it failed
+        self.in_flight = 0  # engine requests between submission and their last output
+        self._progress_at = time.monotonic()
+        self._steps_seen = ledger.steps_seen
+        self._processes = engine_processes(engine)
+        self._pumps: dict[str, set[asyncio.Task]] = {}  # HTTP request id -> its pumps
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    # --- failure: what breaker L2 watches, the watchdog, clean-up ------------------
+
+    @property
+    def errored(self) -> bool:
+        return self.fault == ENGINE_HUNG or bool(getattr(self._engine, "errored", False))
+
+    def watchdog(self, now: float | None = None) -> bool:
+        """Called about once a second. Requests unfinished in the engine and no
+        progress (an engine step, or an output) for `hang_s`: the engine is hung, so
+        kill its processes, fail the requests in flight (`EngineDeadError`, as for a
+        crash) and report `errored`. True when the engine is (now) known hung.
+
+        Unfinished in the engine, not merely open here: a stream whose client reads
+        slowly keeps its request open after the engine is done with it."""
+        now = time.monotonic() if now is None else now
+        if self.fault is not None:
+            return self.fault == ENGINE_HUNG
+        steps, pending = self._ledger.steps_seen, self._unfinished()
+        if steps != self._steps_seen or pending == 0:
+            self._steps_seen, self._progress_at = steps, now
+            return False
+        stalled = now - self._progress_at
+        if self.hang_s <= 0 or stalled < self.hang_s:
+            return False
+        self.fault = ENGINE_HUNG
+        log.error("engine hung: %d request(s) unfinished and no engine progress for %.1f s; "
+                  "killing the engine core", pending, stalled)
+        self.kill("engine hung")
+        self._fail_in_flight()  # vLLM would notice the death too, but not at once
+        return True
+
+    def _unfinished(self) -> int:
+        """Requests the engine still owes output (vLLM's count; ours without it)."""
+        count = getattr(self._engine, "get_num_unfinished_requests", None)
+        try:
+            return int(count()) if callable(count) else self.in_flight
+        except Exception:
+            return self.in_flight
+
+    def kill(self, why: str = "killed on request") -> None:
+        """SIGKILL the engine core and its workers (a stopped process dies too)."""
+        kill_all(self._live_processes(), why)
+
+    def shutdown(self, *args, **kwargs) -> None:
+        """vLLM's shutdown, then fail the requests still in flight (vLLM's shutdown
+        cancels its output handler, which would leave them waiting forever) and make
+        sure no engine process outlives it (an orphaned worker, a stopped core).
+
+        A failed engine has nothing left to finish: what remains of it (the worker of
+        a crashed core, say, which took a second to notice) is killed first, so
+        vLLM's shutdown and the reaping below wait for nothing but exits."""
+        failed = self.errored
+        if self.fault is None and self.in_flight:
+            self.fault = ENGINE_DEAD if failed else ENGINE_SHUTDOWN
+        if failed:
+            self.kill("the engine failed")
+        try:
+            self._engine.shutdown(*args, **kwargs)
+        finally:
+            self._fail_in_flight()
+            survivors = wait_gone(self._live_processes(), REAP_WAIT_S)
+            kill_all(survivors, "it outlived shutdown")
+            wait_gone(survivors, REAP_WAIT_S)
+
+    def _fail_in_flight(self) -> None:
+        """Every engine request still waiting for output gets `EngineDeadError`."""
+        processor = getattr(self._engine, "output_processor", None)
+        if processor is None:
+            return
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            processor.propagate_error(EngineDeadError())
+        except Exception:  # shutting down: best effort
+            log.exception("could not fail the engine requests in flight")
+
+    def _live_processes(self) -> list:
+        found = {p.pid: p for p in self._processes}
+        for proc in self._processes:  # a worker started since counts too
+            try:
+                found.update((c.pid, c) for c in proc.children(recursive=True))
+            except psutil.Error:
+                pass
+        return [p for p in found.values() if alive(p)]
+
+    def _failed(self, rec: RequestRecord, exc: BaseException) -> None:
+        """An engine request ended in `exc`: if the engine itself failed, the request
+        is refused with the failure (not a generic 500)."""
+        if self.fault is None and (is_engine_dead(exc) or self.errored):
+            self.fault = ENGINE_DEAD
+        if self.fault is not None and rec.refusal is None:
+            rec.refusal = engine_fault_error(self.fault, self.hang_s)
+
+    async def generate(self, prompt, sampling_params, request_id: str,
+                       *args, **kwargs) -> AsyncIterator:
+        """The engine's outputs, through a pump task that reads them as the engine
+        makes them: the request's engine slot is given back when the engine is done
+        with it, however slowly (or never) the client reads its stream."""
+        rec = current_request.get()
+        if rec is None:
+            async for out in self._engine.generate(prompt, sampling_params, request_id,
+                                                   *args, **kwargs):
+                yield out
+            return
+        rec.max_tokens = getattr(sampling_params, "max_tokens", rec.max_tokens)
+        prompt_tokens = _prompt_length(prompt)
+        if self._admission is not None:  # may wait for a slot, truncate, or refuse
+            prompt, prompt_tokens = await self._admission.admit(rec, prompt, prompt_tokens,
+                                                                rec.max_tokens)
+        from vllm.v1.engine.output_processor import RequestOutputCollector
+
+        # vLLM's own mailbox: deltas merge while the reader lags, so an unread
+        # stream holds one merged output, not one object per token.
+        mailbox = RequestOutputCollector(getattr(sampling_params, "output_kind", None),
+                                         request_id)
+        pump = asyncio.create_task(self._pump(rec, (prompt, sampling_params, request_id,
+                                                    *args), kwargs, prompt_tokens, mailbox))
+        self._watch_pump(rec.request_id, pump)
+        finished = False
+        try:
+            while not finished:
+                try:
+                    out = await mailbox.get()
+                except _PumpEnded:
+                    break
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:  # the reader left early: abort the engine request
+                pump.cancel()
+            await asyncio.wait([pump])  # its clean-up is done when we return
+
+    def _watch_pump(self, owner: str, pump: asyncio.Task) -> None:
+        pumps = self._pumps.setdefault(owner, set())
+        pumps.add(pump)
+
+        def forget(done: asyncio.Task) -> None:
+            pumps.discard(done)
+            if not pumps and self._pumps.get(owner) is pumps:
+                del self._pumps[owner]
+
+        pump.add_done_callback(forget)
+
+    async def settle(self, owner: str, timeout_s: float = 5.0) -> None:
+        """End every engine request of HTTP request `owner` that still runs (its client
+        left) and wait for their clean-up, so its record is complete before it is
+        finished. vLLM closes a multi-prompt request's generators without waiting."""
+        pumps = self._pumps.pop(owner, set())
+        for pump in pumps:
+            pump.cancel()
+        if pumps:
+            await asyncio.wait(pumps, timeout=timeout_s)
+
+    async def _pump(self, rec: RequestRecord, call: tuple, kwargs: dict, prompt_tokens: int,
+                    mailbox) -> None:
+        """Drain one engine request into `mailbox`; on its end (finished, failed or
+        aborted) free its slot, untrack its steps and add its outcome to the record."""
+        request_id, admission = call[2], self._admission
+        self._ledger.track(request_id, rec.tally, rec.request_id)
+        deltas = _is_delta(call[1])
+        last, tokens, pending = None, 0, admission is not None
+        if self.in_flight == 0:
+            self._progress_at = time.monotonic()  # the watchdog's clock starts now
+        self.in_flight += 1
+        try:
+            async for last in self._engine.generate(*call, **kwargs):
+                self._progress_at = time.monotonic()
+                new = sum(len(o.token_ids) for o in last.outputs)
+                if new and rec.first_token is None:
+                    rec.first_token = time.monotonic()
+                if new and pending:
+                    pending = False
+                    admission.first_token(prompt_tokens)
+                tokens = tokens + new if deltas else new
+                mailbox.put(last)
+            if last is None or not last.finished:
+                mailbox.put(_PumpEnded())
+        except Exception as exc:
+            self._failed(rec, exc)
+            mailbox.put(exc)
+        finally:
+            self.in_flight -= 1
+            if admission is not None:
+                admission.release(prompt_tokens, pending)
+            self._ledger.untrack(request_id)  # drains: every step of this request is in
+            if last is not None:
+                _absorb(rec, last, tokens, self._clock)
+
+
+class _PumpEnded(Exception):
+    """The engine's output ended without a finished output (put as an exception, so it
+    replaces nothing the reader still needs: there is nothing after it)."""
+
+
+def _prompt_length(prompt) -> int:
+    """Prompt tokens of what vLLM's serving classes hand the engine: a tokenized
+    prompt dict (or an `EngineCoreRequest`); 0 when it is not tokenized yet."""
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else getattr(
+        prompt, "prompt_token_ids", None)
+    return len(ids) if ids is not None else 0
+
+
+def _is_delta(sampling_params) -> bool:
+    """Streaming asks vLLM for deltas: token counts must then be summed."""
+    kind = getattr(sampling_params, "output_kind", None)
+    return getattr(kind, "name", "") == "DELTA"
+
+
+def _absorb(rec: RequestRecord, out, output_tokens: int, clock: WallClock) -> None:
+    """Add one engine request's outcome to the record (a completion with several
+    prompts makes several engine requests)."""
+    rec.prompt_tokens += len(out.prompt_token_ids or ())
+    rec.output_tokens += output_tokens
+    reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
+    if reasons:
+        rec.finish_reason = reasons[0]
+    times = EngineTimes.from_vllm(out.metrics, clock)
+    if times is not None and rec.queued_at is not None and times.accepted is not None:
+        # waiting for an engine slot (the concurrency limit) is queueing too
+        times = replace(times, accepted=min(times.accepted, rec.queued_at))
+    if times is not None:
+        rec.engine = times if rec.engine is None else rec.engine.merge(times)

@@ -1,0 +1,140 @@
+"""Server side of the engine-step probe: receives step datagrams, credits each step's
+sampler time to the requests it carried, and hands every step to its consumers
+(`llm.step` spans, the engine-stats second).
+
+Ordering guarantee we rely on: the probe sends a step's datagram before the engine
+core ships that step's outputs, and a Unix datagram lands in our socket buffer at
+`sendto` time. So when the final output of a request reaches the server, `drain()`
+on the caller's thread is certain to see every step of that request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import tempfile
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from observe.stats import SamplingTally, StepRecord
+from serving.engine.step_plugin import ENV_STEP_SOCKET
+
+log = logging.getLogger(__name__)
+INTERNAL_SUFFIX_LEN = 9  # vLLM makes internal ids as f"{external}-{uuid8}"
+
+
+def external_id(internal: str) -> str:
+    return internal[:-INTERNAL_SUFFIX_LEN] if len(internal) > INTERNAL_SUFFIX_LEN else internal
+
+
+class StepLedger:
+    """Owns the receiving socket and the per-request sampling tallies."""
+
+    def __init__(self, consumers: list[Callable[[StepRecord], None]] | None = None,
+                 poll_s: float = 0.05):
+        self._dir = tempfile.mkdtemp(prefix="tailguard-steps-")
+        self.path = os.path.join(self._dir, "steps.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._sock.bind(self.path)
+        self._sock.setblocking(False)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        self._tallies: dict[str, tuple[SamplingTally, str]] = {}
+        self._lock = threading.Lock()
+        self._consumers = list(consumers or [])
+        self._poll_s = poll_s
+        self._closed = threading.Event()
+        self.steps_seen = 0
+        self._unpublished: deque[StepRecord] = deque()
+        self._thread = threading.Thread(target=self._run, name="tailguard-steps", daemon=True)
+
+    def start(self) -> "StepLedger":
+        """Export the socket path to the engine processes, then start polling."""
+        os.environ[ENV_STEP_SOCKET] = self.path
+        self._thread.start()
+        return self
+
+    def add_consumer(self, consumer: Callable[[StepRecord], None]) -> None:
+        self._consumers.append(consumer)
+
+    def track(self, engine_id: str, tally: SamplingTally | None = None,
+              owner: str | None = None) -> SamplingTally:
+        """Credit the steps of engine request `engine_id` to `tally` from now on, and
+        name it `owner` (the HTTP request id) in published steps."""
+        tally = tally if tally is not None else SamplingTally()
+        with self._lock:
+            self._tallies[engine_id] = (tally, owner or engine_id)
+        return tally
+
+    def untrack(self, request_id: str) -> None:
+        self.drain()
+        with self._lock:
+            self._tallies.pop(request_id, None)
+
+    def drain(self) -> int:
+        """Apply every datagram already received; returns how many."""
+        count = 0
+        with self._lock:
+            while True:
+                try:
+                    data = self._sock.recv(1 << 20)
+                except (BlockingIOError, OSError):
+                    break
+                record = self._apply(data)
+                if record is not None:
+                    self._unpublished.append(record)
+                    count += 1
+        return count
+
+    def _apply(self, data: bytes) -> StepRecord | None:
+        try:
+            index, start, forward_s, sampling_s, tokens, internal_ids = json.loads(data)
+        except ValueError:
+            return None
+        owners = []
+        for engine_id in map(external_id, internal_ids):
+            tally, owner = self._tallies.get(engine_id, (None, engine_id))
+            if tally is not None:
+                tally.add(start, forward_s + sampling_s, sampling_s)
+            owners.append(owner)
+        self.steps_seen += 1
+        return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners))
+
+    def _publish(self) -> None:
+        """Consumers (spans, engine stats) run on the ledger's thread, never on the
+        event loop that may have drained the record."""
+        while self._unpublished:
+            record = self._unpublished.popleft()
+            for consumer in self._consumers:
+                try:
+                    consumer(record)
+                except Exception:  # a broken consumer must not stop step accounting
+                    log.exception("step consumer failed")
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            try:
+                ready, _, _ = select.select([self._sock], [], [], self._poll_s)
+            except (OSError, ValueError):
+                return
+            if ready:
+                self.drain()
+            self._publish()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        self.drain()
+        self._publish()
+        self._sock.close()
+        if os.environ.get(ENV_STEP_SOCKET) == self.path:
+            del os.environ[ENV_STEP_SOCKET]
+        for path in (self.path, self._dir):
+            try:
+                os.remove(path) if path == self.path else os.rmdir(path)
+            except OSError:
+                pass

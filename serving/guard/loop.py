@@ -1,0 +1,123 @@
+"""Protection, wired: the policy engine's once-a-second loop, its inputs (finished
+requests, engine seconds, the memory forecast) and its outputs (decisions for
+admission, the concurrency limit, events, gauges, an engine restart for breaker L2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from datetime import datetime, timezone
+
+from observe.stats import EngineSnapshot, RequestRecord
+from serving.engine.fault_injection import FaultInjector
+from serving.limiter import Limiter
+from serving.admin.overrides import OverrideStore
+from slo.policy import conditions as P
+from slo.policy.decisions import Decisions
+from slo.policy.lifecycle import ACTIVE
+from slo.policy.engine import PolicyEngine
+
+log = logging.getLogger("tailguard.policy")
+TICK_S = 1.0
+FAILURE_POLL_S = 0.1  # between ticks, how often the engine is checked for a failure
+
+
+class Guard:
+    def __init__(self, config: P.PolicyConfig, tracelog, metrics, faults: FaultInjector):
+        self.tracelog = tracelog
+        self.faults = faults
+        self.engine = PolicyEngine(config, self._record_event, metrics.record_policy)
+        self.limiter = Limiter(self.engine.batch.limit)
+        self.overrides = OverrideStore(tracelog, self.engine.machines)
+        self.restarts = 0
+        self._restarted_episode: float | None = None  # one restart per L2 activation
+        self._restarting: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None
+
+    def _record_event(self, policy: str, from_state: str, to_state: str, reason: str,
+                      details: dict) -> None:
+        self.tracelog.add("policy_events", {
+            "ts": datetime.now(timezone.utc), "policy": policy, "from_state": from_state,
+            "to_state": to_state, "reason": reason, "details": details})
+
+    # --- inputs (called by the runtime) ------------------------------------------------
+
+    def on_request(self, rec: RequestRecord) -> None:
+        self.engine.on_request(rec)
+
+    def on_engine_second(self, snap: EngineSnapshot) -> None:
+        busy = (snap.mean_step_s or 0.0) * snap.steps  # seconds stepping in this second
+        self.engine.on_engine_second(min(1.0, busy))
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def start(self, runtime) -> None:
+        restored = self.overrides.restore()
+        if restored:
+            log.warning("overrides in force from before the restart: %s", ", ".join(restored))
+        self.tick(runtime)
+        self._task = asyncio.create_task(self._run(runtime))
+
+    async def _run(self, runtime) -> None:
+        while True:
+            await self._until_next_tick(runtime)
+            self._safe_tick(runtime)
+
+    def _safe_tick(self, runtime) -> None:
+        try:
+            self.tick(runtime)
+        except Exception:  # the loop must outlive any one bad evaluation
+            log.exception("policy evaluation failed")
+
+    async def _until_next_tick(self, runtime) -> None:
+        """`TICK_S`, cut short when the engine fails: breaker L2 trips (and restarts
+        it) at once rather than up to a second later."""
+        deadline = time.monotonic() + TICK_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(min(FAILURE_POLL_S, max(0.0, deadline - time.monotonic())))
+            if runtime.engine_failed and self.engine.machines[P.BREAKER_L2].state != ACTIVE:
+                return
+
+    def tick(self, runtime, now: float | None = None) -> Decisions:
+        now = time.time() if now is None else now
+        self._watch_engine(runtime)
+        signals = self.engine.signals(
+            now, engine_failed=runtime.engine_failed,
+            queue_depth=runtime.load.pending[0],
+            kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
+        decisions = self.engine.evaluate(signals, saturated=self.limiter.waiting > 0)
+        self.limiter.limit = decisions.concurrency_limit
+        runtime.admission.decisions = decisions
+        l2 = self.engine.machines[P.BREAKER_L2]
+        if l2.state == ACTIVE and l2.since != self._restarted_episode:
+            self._restarted_episode = l2.since
+            self._restarting = asyncio.create_task(self._restart(runtime))
+        return decisions
+
+    @staticmethod
+    def _watch_engine(runtime) -> None:
+        """The engine watchdog (a hung engine raises no exception): it kills an engine
+        that stopped making progress under requests, so `engine_failed` trips L2."""
+        handle = getattr(runtime, "handle", None)
+        watchdog = getattr(getattr(handle, "engine", None), "watchdog", None)
+        if callable(watchdog):
+            watchdog()
+
+    async def _restart(self, runtime) -> None:
+        self.restarts += 1
+        self._record_event(P.BREAKER_L2, "active", "active", "restarting the engine",
+                           {"restart": self.restarts})
+        try:
+            await runtime.restart_engine()
+            if self.faults.failing:
+                self.faults.set("none")  # a drill's failure ends with the restart
+        except Exception as exc:
+            log.exception("engine restart failed")
+            self._record_event(P.BREAKER_L2, "active", "active", f"restart failed: {exc}", {})
+        self._safe_tick(runtime)  # the breaker lets go now, not at the next tick
+
+    def stop(self) -> None:
+        if self._task:
+            self._task.cancel()

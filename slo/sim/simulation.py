@@ -1,0 +1,242 @@
+"""A discrete-event simulation of one tailguard replica: admission (the policies'
+decisions, the two-lane concurrency limiter) in front of a continuous-batching engine
+(`EngineModel`: chunked prefill within a token budget, one decode token per running
+request per step, KV capacity), with the real `PolicyEngine` stepped once per simulated
+second on the signals the server would have seen.
+
+What it leaves out (docs/scaling.md): predicted-miss shedding uses the prediction
+the server recorded at admission (a work-ahead estimate when there is none), not a
+prediction under the simulated load, the deadline demotion of the realtime lane
+is not modelled, and KV is reserved for a whole prompt at its first chunk (vLLM
+allocates per chunk); when decodes outgrow it the newest request is preempted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from observe import registry as R
+from slo.policy import conditions as P
+from slo.policy.decisions import Decisions
+from slo.sim.engine_model import EngineModel
+from slo.policy.engine import PolicyEngine
+
+OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
+LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
+
+
+@dataclass(slots=True)
+class SimRequest:
+    arrival: float  # seconds from the start of the trace
+    prompt: int
+    output: int  # tokens it would generate if not capped
+    max_tokens: int | None = None
+    priority: str = R.PRIORITY_REALTIME
+    vip: bool = False
+    target_s: float | None = None  # its TTFT target
+    predicted_ttft_s: float | None = None  # the server's prediction at admission, if known
+    status: str = OK
+    first_token: float | None = None
+    end: float | None = None
+    context: int = 0  # tokens its (next) prefill computes: the prompt, or after a
+    prefilled: int = 0  # preemption the prompt plus what it had generated
+    generated: int = 0
+    decoded: int = 0  # tokens generated since its last prefill (KV beyond `context`)
+    started: bool = False  # its prefill began: it holds KV
+    admitted: float | None = None
+    actions: list[str] = field(default_factory=list)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def shed(self) -> bool:
+        """Refused by a policy or the limiter's timeout (not by the engine's size)."""
+        return self.status == REJECTED and any(
+            a.startswith(("shed:", "reject:")) or a == "admission_timeout" for a in self.actions)
+
+    @property
+    def good(self) -> bool:
+        return (self.status == OK and self.ttft_s is not None
+                and (self.target_s is None or self.ttft_s <= self.target_s))
+
+
+class Simulator:
+    def __init__(self, model: EngineModel, config: P.PolicyConfig | None,
+                 limit: int | None = None):
+        """`config` None: no policies; the concurrency limit stays at `limit` (default
+        the config's `batch_initial`)."""
+        self.model = model
+        self.config = config or P.PolicyConfig()
+        self.policies = (PolicyEngine(self.config, lambda *a: None, lambda *a: None)
+                         if config is not None else None)
+        self.decisions = Decisions(concurrency_limit=limit or self.config.batch_initial)
+        self.lanes = {p: deque() for p in R.PRIORITIES}
+        self.running: list[SimRequest] = []
+        self.now = 0.0
+        self.busy = 0.0  # engine seconds in the current simulated second
+        self.transitions: list[tuple[float, str]] = []
+
+    # --- admission ---------------------------------------------------------------------
+
+    def arrive(self, req: SimRequest) -> None:
+        d = self.decisions
+        if d.restarting or (d.shed_non_vip and not req.vip):
+            self._reject(req, f"shed:{d.shed_non_vip or P.BREAKER_L2}")
+            return
+        if d.max_tokens_cap is not None and (req.max_tokens or 1 << 30) > d.max_tokens_cap:
+            req.max_tokens = d.max_tokens_cap
+            req.output = min(req.output, d.max_tokens_cap)
+            req.actions.append(f"cap_max_tokens:{d.max_tokens_cap}")
+        if d.truncate_tokens is not None and req.prompt > d.truncate_tokens:
+            req.actions.append(f"truncate:{req.prompt}->{d.truncate_tokens}")
+            req.prompt = d.truncate_tokens
+        if d.predicted_miss_factor is not None and req.target_s is not None:
+            predicted = req.predicted_ttft_s
+            if predicted is None:
+                predicted = self._work_ahead_s(req)
+            if predicted > req.target_s * d.predicted_miss_factor:
+                if req.priority == R.PRIORITY_BATCH:
+                    self._reject(req, "shed:predicted_miss")
+                    return
+                req.priority = R.PRIORITY_BATCH
+                req.actions.append("demote:predicted_miss")
+        self.lanes[req.priority].append(req)
+
+    def _work_ahead_s(self, req: SimRequest) -> float:
+        """Prefill work queued ahead of the request plus its own, at the step cost."""
+        ahead = sum(max(0, (r.context or r.prompt) - r.prefilled) for r in self.running) + sum(
+            r.prompt for lane in self.lanes.values() for r in lane) + req.prompt
+        chunks = -(-ahead // self.model.token_budget)
+        return chunks * self.model.step_s(len(self.running) + 1, self.model.token_budget)
+
+    def _reject(self, req: SimRequest, action: str) -> None:
+        req.status = REJECTED
+        req.actions.append(action)
+        req.end = self.now
+
+    def _fill_slots(self) -> None:
+        while len(self.running) < self.decisions.concurrency_limit:
+            lane = next((q for q in self.lanes.values() if q), None)  # realtime first
+            if lane is None:
+                return
+            req = lane.popleft()
+            if self.now - req.arrival > LIMITER_MAX_WAIT_S:
+                self._reject(req, "admission_timeout")
+                continue
+            req.admitted = self.now
+            self.running.append(req)
+
+    # --- the engine ----------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """One engine step over the running requests; False if there was nothing to do."""
+        decoding = self._make_room()
+        budget = self.model.token_budget - len(decoding)
+        kv_free = self.model.kv_capacity_tokens - self._kv_used() - len(decoding)
+        chunks = []
+        for r in self.running:
+            if budget <= 0:
+                break
+            if not r.started:
+                r.context = r.context or r.prompt
+                if r.context > kv_free:  # vLLM waits until the whole prompt fits
+                    continue
+                r.started = True
+                kv_free -= r.context
+            if r.prefilled < r.context:
+                take = min(r.context - r.prefilled, budget)
+                chunks.append((r, take))
+                budget -= take
+        if not decoding and not chunks:
+            return self._drop_oversized()
+        tokens = len(decoding) + sum(take for _, take in chunks)
+        dt = self.model.step_s(len(decoding) + len(chunks), tokens)
+        self.now += dt
+        self.busy += dt
+        for r in decoding:
+            r.generated += 1
+            r.decoded += 1
+        for r, take in chunks:
+            r.prefilled += take
+            if r.prefilled >= r.context:  # the prefill's last chunk samples a token
+                r.generated += 1
+                r.decoded = 1
+                r.first_token = r.first_token or self.now
+        self._finish()
+        return True
+
+    def _kv_used(self) -> int:
+        """Started requests hold their whole prompt plus what they generated."""
+        return sum(r.context + r.decoded for r in self.running if r.started)
+
+    def _make_room(self) -> list[SimRequest]:
+        """The requests decoding this step; if their next tokens do not fit, evict the
+        newest started request as vLLM preempts (its work is recomputed later)."""
+        while True:
+            decoding = [r for r in self.running if r.started and r.prefilled >= r.context]
+            if self._kv_used() + len(decoding) <= self.model.kv_capacity_tokens:
+                return decoding
+            victim = next(r for r in reversed(self.running) if r.started)
+            victim.started, victim.prefilled, victim.decoded = False, 0, 0
+            victim.context = victim.prompt + victim.generated  # recomputed when resumed
+            victim.actions.append("preempted")
+
+    def _drop_oversized(self) -> bool:
+        """Nothing could run: a request alone in the engine whose prompt cannot fit the
+        KV cache would wait forever (vLLM refuses it up front)."""
+        if self.running and not any(r.started for r in self.running):
+            self._reject(self.running.pop(0), "kv_cache_too_small")
+            return True
+        return False
+
+    def _finish(self) -> None:
+        done = [r for r in self.running if r.first_token is not None
+                and r.generated >= max(1, r.output)]
+        for r in done:
+            r.end = self.now
+            self.running.remove(r)
+            if self.policies is not None:
+                self.policies.on_outcome(self.now, False, r.ttft_s)
+
+    # --- policies ------------------------------------------------------------------------
+
+    def evaluate(self, at: float) -> None:
+        """The server's once-a-second policy tick, at simulated time `at`."""
+        if self.policies is None:
+            return
+        self.policies.on_engine_second(min(1.0, self.busy), at)
+        self.busy = 0.0
+        waiting = sum(len(q) for q in self.lanes.values())
+        unstarted = sum(1 for r in self.running if r.first_token is None)
+        kv = self._kv_used() / self.model.kv_capacity_tokens
+        signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None)
+        before = self.decisions.active
+        self.decisions = self.policies.evaluate(signals, saturated=waiting > 0)
+        if self.decisions.active != before:
+            self.transitions.append((at, ",".join(self.decisions.active) or "none"))
+
+    def run(self, requests: list[SimRequest]) -> list[SimRequest]:
+        """Simulate `requests` (sorted by arrival); they are updated in place."""
+        arrivals = deque(requests)
+        overhead = self.model.overhead_s  # HTTP and tokenizing before admission
+        next_tick = 1.0
+        while arrivals or self.running or any(self.lanes.values()):
+            while arrivals and arrivals[0].arrival + overhead <= self.now:
+                self.arrive(arrivals.popleft())
+            while next_tick <= self.now:
+                self.evaluate(next_tick)
+                next_tick += 1.0
+            self._fill_slots()
+            if not self.step():
+                idle_until = min(arrivals[0].arrival + overhead if arrivals else float("inf"),
+                                 next_tick if self.policies is not None else float("inf"))
+                if idle_until == float("inf"):
+                    if any(self.lanes.values()):  # a limit of 0 cannot happen; be safe
+                        self.now += 1.0
+                        continue
+                    break
+                self.now = max(self.now, idle_until)
+        return requests
