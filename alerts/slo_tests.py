@@ -15,7 +15,8 @@ from alerts.promtool import counter_values, expected_alert, series
 from alerts.slo_rules import BURN_ALERT, burn_alerts, error_budget, slo_labels
 from alerts.slo_windows import Scenario, burn_outcome, scenarios
 from observe import registry as R
-from slo.spec import SLO, SLOSpec, parse_duration
+from slo.durations import parse_duration
+from slo.spec import SLO, SLOSpec
 from slo.windows import BURN_WINDOWS, sli_windows
 
 VOLUME = 1000.0  # events per minute in alert scenarios

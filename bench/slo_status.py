@@ -24,7 +24,7 @@ import duckdb
 from click.testing import CliRunner
 
 from observe.tracelog import TraceLog
-from slo.spec import load_spec
+from slo.loading import load_spec
 from tailguard.cli import main as tailguard
 
 FILL = """

@@ -42,7 +42,7 @@ from loadgen.report import summarize
 from loadgen.runner import Target, run, run_closed
 from serving.engine.embedded_model import ensure_model
 from loadgen.workload import Workload
-from slo.spec import load_spec
+from slo.loading import load_spec
 
 NAME = "tailguard-tiny-llama"
 SIDES = ("vllm", "tailguard")

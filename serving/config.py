@@ -18,7 +18,9 @@ from serving.keys import KeyRing, load_keys
 from serving.profiling import ProfilingConfig, profiling_config_from
 from slo import model_files
 from slo.policy.conditions import PolicyConfig
-from slo.spec import SLOSpec, load_spec, parse_duration
+from slo.durations import parse_duration
+from slo.loading import load_spec
+from slo.spec import SLOSpec
 
 ENV_DB = "TAILGUARD_DB"
 ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"

@@ -12,7 +12,8 @@ from observe import registry as R
 from observe.metrics import RequestMetrics
 from observe.stats import RequestRecord, WallClock
 from observe.tracing import RequestSpans
-from slo.spec import SLOSpec, load_spec
+from slo.loading import load_spec
+from slo.spec import SLOSpec
 from slo.verdicts import Judge
 
 

@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from slo.spec import SLO, SLOSpec, parse_duration
+from slo.durations import parse_duration
+
+from slo.spec import SLO, SLOSpec
 from slo.verdicts import bad_sql, event_sql
 from slo.windows import sli_windows
 

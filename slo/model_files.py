@@ -7,6 +7,8 @@ the expected kind and format is a ValueError, never a crash.
 
 from __future__ import annotations
 
+import importlib
+import io
 import pickle
 from pathlib import Path
 from typing import Final
@@ -15,6 +17,29 @@ from typing import Final
 # writes them so that the server beside the same trace DB picks them up.
 LATENCY_FILE: Final = "latency.pkl"
 FORECAST_FILE: Final = "memory-forecast.pkl"
+
+
+# Modules a saved model may name from before the package split: a model trained then
+# still loads. Each old module maps to the modules its classes live in now.
+MOVED: Final = {
+    "slo.backtest": ("slo.forecast.forecaster", "slo.forecast.backtest"),
+    "slo.baselines": ("slo.forecast.baselines",),
+    "slo.lstm": ("slo.forecast.lstm",),
+    "slo.series": ("slo.forecast.series",),
+    "slo.predictor": ("slo.predict.model",),
+    "slo.forest": ("slo.predict.forest",),
+    "slo.features": ("slo.predict.features",),
+    "slo.modelfile": ("slo.model_files",),
+}
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        for moved_to in MOVED.get(module, ()):
+            found = getattr(importlib.import_module(moved_to), name, None)
+            if found is not None:
+                return found
+        return super().find_class(module, name)
 
 
 def default_dir(db: str | Path) -> Path:
@@ -32,7 +57,7 @@ def save(obj, path: str | Path, kind: str, fmt: int) -> Path:
 
 def load(path: str | Path, kind: str, fmt: int):
     try:
-        data = pickle.loads(Path(path).read_bytes())
+        data = _Unpickler(io.BytesIO(Path(path).read_bytes())).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, IndexError,
             TypeError) as exc:
         raise ValueError(f"{path}: not a readable model file ({exc})") from None

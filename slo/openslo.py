@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import re
 
+from slo import field_checks
+from slo.durations import parse_duration
+from slo.spec import EVENT_SLIS, NAME_PATTERN, SLIS, SLO, SLOSpec
 from slo.targets import FixedTarget
 from slo.yaml_positions import Located
 
@@ -25,24 +28,20 @@ def is_openslo(doc: Located) -> bool:
 
 
 def from_openslo(doc: Located, source: str):
-    from slo.spec import SLOSpec, _check_unique
-
     items = doc.sequence().items() if doc.node.tag.endswith(":seq") else [doc]
     parsed = [_one(item) for item in items]
-    _check_unique([(slo.name, item.mapping("SLO").require("metadata"))
+    field_checks.check_unique([(slo.name, item.mapping("SLO").require("metadata"))
                    for (_, slo), item in zip(parsed, items)])
     return SLOSpec(parsed[0][0], tuple(slo for _, slo in parsed))
 
 
 def _one(node: Located):
-    from slo.spec import _NAME, EVENT_SLIS, SLIS, SLO, _objective, parse_duration
-
     m = node.mapping("OpenSLO object")
     if m.require("kind").string() != "SLO":
         raise m.require("kind").error("only kind: SLO can be imported")
     meta, spec = m.require("metadata").mapping("metadata"), m.require("spec").mapping("spec")
     name = re.sub(r"[^a-z0-9_]", "_", meta.require("name").string().lower())
-    if not _NAME.fullmatch(name):
+    if not NAME_PATTERN.fullmatch(name):
         raise meta.require("name").error("must start with a letter (names become "
                                          "[a-z][a-z0-9_]*)")
     sli = _sli_name(meta, spec)
@@ -59,7 +58,8 @@ def _one(node: Located):
         if objective.get("op", "lte").choice(("lt", "lte")) and not objective.get("value").present:
             raise objective.error(f"a {sli} objective needs a value (seconds)")
         target = objective.require("value").convert(lambda v: FixedTarget(float(v)))
-    slo = SLO(name=name, sli=sli, objective=_objective(objective.require("target")),
+    threshold = field_checks.objective(objective.require("target"))
+    slo = SLO(name=name, sli=sli, objective=threshold,
               window_s=window_s, target=target,
               description=spec.get("description", "").value or "")
     return spec.get("service", "tailguard").string(), slo

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from slo.spec import format_duration, parse_duration
+from slo.durations import format_duration, parse_duration
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterable
 
 import yaml
 
+from slo.spec import SpecError
+
 _MISSING = object()
 
 
-def _spec_error(message: str):
-    from slo.spec import SpecError
-
+def _spec_error(message: str) -> SpecError:
     return SpecError(message)
 
 

@@ -40,7 +40,8 @@ def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api
 
     from loadgen import report as bench_report, runner as loadgen
     from loadgen.workload import Workload
-    from slo.spec import SpecError, load_spec
+    from slo.loading import load_spec
+    from slo.spec import SpecError
 
     try:
         spec = load_spec(slo_file)

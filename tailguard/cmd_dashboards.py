@@ -18,7 +18,8 @@ def dashboards(slo_file, out_dir):
 
     Example: tailguard dashboards --out dashboards/grafana
     """
-    from slo.spec import SpecError, load_spec
+    from slo.loading import load_spec
+    from slo.spec import SpecError
 
     try:
         spec = load_spec(slo_file)

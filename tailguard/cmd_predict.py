@@ -185,7 +185,7 @@ def forecast_eval(db, target, horizon, step, train_share, seed, as_json):
               help="Forecaster file (default: DB.models/memory-forecast.pkl).")
 def forecast_train(db, target, horizon, step, train_share, out):
     """Backtest, then fit the winner on the whole series and save it."""
-    from slo.forecast.backtest import MemoryForecaster
+    from slo.forecast.forecaster import MemoryForecaster
 
     try:
         chosen = MemoryForecaster.select(_series(db, step), target, horizon,

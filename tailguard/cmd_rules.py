@@ -29,7 +29,8 @@ def rules(slo_file, out_dir, job, runbook_base):
     """
     from alerts.config import RuleConfig
     from alerts.rules import write
-    from slo.spec import SpecError, load_spec
+    from slo.loading import load_spec
+    from slo.spec import SpecError
 
     try:
         spec = load_spec(slo_file)

@@ -47,7 +47,7 @@ def _from_file(db: str, slo_file: str | None) -> dict:
     from observe.query import QueryError, query_file
     from slo.budget import compute_status
     from slo.report import status_to_dict
-    from slo.spec import load_spec
+    from slo.loading import load_spec
 
     spec = load_spec(slo_file)
     if not os.path.exists(db):

@@ -186,7 +186,7 @@ def archive(db, out, instance, older_than):
     Example: tailguard archive --db trace.duckdb --out archive/ --older-than 7d
     """
     from observe.archive import ArchiveError, archive_file, instance_name
-    from slo.spec import parse_duration
+    from slo.durations import parse_duration
 
     try:
         age_s = 0 if older_than.strip() == "0" else parse_duration(older_than)

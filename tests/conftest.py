@@ -97,7 +97,7 @@ def stop_server(server: Server) -> None:
 
 @pytest.fixture(scope="session")
 def session_spec():
-    from slo.spec import load_spec
+    from slo.loading import load_spec
 
     return load_spec(SESSION_SLO)
 

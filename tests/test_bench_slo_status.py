@@ -13,7 +13,7 @@ import observe.query
 from bench.slo_status import build, slo_status
 from slo.budget import compute_status
 from slo.report import status_to_dict
-from slo.spec import load_spec
+from slo.loading import load_spec
 
 
 @pytest.fixture

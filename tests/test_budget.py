@@ -11,7 +11,7 @@ import pytest
 from observe.stats import EngineTimes, RequestRecord, WallClock
 from observe.tracelog import TraceLog
 from slo.budget import compute_status
-from slo.spec import load_spec, parse_spec
+from slo.loading import load_spec, parse_spec
 from slo.verdicts import Judge, bad_sql, event_sql, verdict
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)

@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from observe.tracelog import TraceLog
-from slo.forecast.backtest import load_forecaster
+from slo.forecast.forecaster import load_forecaster
 from slo.predict.model import MIN_ROWS, load_model
 from slo.forecast.series import Series
 

@@ -17,7 +17,7 @@ from dashboards.grafana.layout import GENERATED, uid_for
 from dashboards.grafana.promql import QUANTILES
 from dashboards.grafana.slo_overview import BURN_RATE_WINDOWS
 from observe import registry as R
-from slo.spec import load_spec, parse_spec
+from slo.loading import load_spec, parse_spec
 from slo.windows import BURN_WINDOWS
 from tailguard.cli import Group
 from tailguard.cmd_dashboards import dashboards as dashboards_command

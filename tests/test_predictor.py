@@ -398,3 +398,24 @@ def test_training_sql_since_bounds_the_window(trace_db):
     with duckdb.connect(str(trace_db), read_only=True) as conn:
         rows = conn.execute(training_sql(since)).fetchall()
     np.testing.assert_array_equal(TrainingSet.from_rows(rows).arrival, [T0 + 1, T0 + 3])
+
+
+def test_a_model_saved_before_the_package_split_still_loads(tmp_path, monkeypatch):
+    """Models pickled when the forecaster lived in `slo.backtest` name that module; the
+    loader finds their classes where they live now."""
+    import sys
+
+    from slo.forecast import forecaster as moved
+    from slo.forecast.baselines import baselines
+
+    monkeypatch.setitem(sys.modules, "slo.backtest", moved)  # pickle as the old code did
+    monkeypatch.setattr(moved.MemoryForecaster, "__module__", "slo.backtest")
+    old = moved.MemoryForecaster(baselines()[0], "kv_cache_usage", 60.0, 5.0, backtest=None)
+    path = old.save(tmp_path / "old.pkl")
+    assert b"slo.backtest" in path.read_bytes()
+    monkeypatch.delitem(sys.modules, "slo.backtest")
+    monkeypatch.undo()
+
+    loaded = moved.load_forecaster(path)
+    assert type(loaded) is moved.MemoryForecaster
+    assert loaded.horizon_s == 60.0

@@ -19,7 +19,7 @@ import yaml
 from alerts.config import RuleConfig
 from alerts.rules import write
 from alerts.slo_rules import BURN_ALERT
-from slo.spec import load_spec
+from slo.loading import load_spec
 from tests import conftest
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,7 +25,7 @@ from alerts.rules import (
 )
 from alerts.slo_windows import scenarios
 from observe import registry as R
-from slo.spec import load_spec, parse_spec
+from slo.loading import load_spec, parse_spec
 from slo.windows import BURN_WINDOWS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slo.spec import SpecError, load_spec, parse_spec
+from slo.loading import load_spec, parse_spec
+
+from slo.spec import SpecError
 from slo.targets import ContextTarget, FixedTarget, TableTarget
 
 

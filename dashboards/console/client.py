@@ -120,7 +120,7 @@ class TraceFile:
         from observe.query import QueryError, query_file
         from slo.budget import compute_status
         from slo.report import status_to_dict
-        from slo.spec import load_spec
+        from slo.loading import load_spec
 
         def run(sql: str):
             result = query_file(self.path, sql, max_rows=100_000)

@@ -5,7 +5,7 @@ otherwise, grey with no events. The console shows what the pager would say."""
 
 from __future__ import annotations
 
-from slo.spec import parse_duration
+from slo.durations import parse_duration
 from slo.windows import BURN_WINDOWS
 
 GREEN, AMBER, RED, GREY = "green", "amber", "red", "grey"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from observe.stats import EngineSnapshot
 from serving.guard.periodic import Periodic
-from slo.forecast.backtest import MemoryForecaster, load_forecaster
+from slo.forecast.forecaster import MemoryForecaster, load_forecaster
 from slo.forecast.series import COLUMNS, DEFAULT_HORIZON_S, DEFAULT_STEP_S, Series, series_sql
 
 log = logging.getLogger("tailguard.forecast")

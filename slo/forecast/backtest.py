@@ -1,4 +1,4 @@
-"""Rolling-origin backtests of memory forecasters, and the model the server runs.
+"""Rolling-origin backtests of memory forecasters: which one earns its place.
 
 The series is cut at `train_share`; every later step is a forecast origin. Each model
 is refitted every `refit_every` origins on everything before the origin (expanding
@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable, Final
 
 import numpy as np
 
-from slo import model_files
 from slo.forecast.baselines import Forecaster, baselines
 from slo.forecast.series import Series, horizon_steps
 
 BOUNDS: Final = {"kv_cache_usage": (0.0, 1.0), "rss_bytes": (0.0, np.inf)}
-FORMAT: Final = 1
 log = logging.getLogger("tailguard.forecast")
-KIND: Final = "memory forecaster"
 
 
 def all_forecasters(seed: int = 0) -> list[Forecaster]:
@@ -112,35 +108,3 @@ def _score(model: Forecaster, series, target, h, origins, actual, refit_every) -
 def clip(target: str, values: np.ndarray) -> np.ndarray:
     low, high = BOUNDS.get(target, (-np.inf, np.inf))
     return np.clip(values, low, high)
-
-
-@dataclass(slots=True)
-class MemoryForecaster:
-    """The backtest's winner, refitted on the whole series: what the server runs."""
-
-    model: Forecaster
-    target: str
-    horizon_s: float
-    step_s: float
-    backtest: Backtest
-    fitted_at: float = field(default_factory=time.time)
-
-    @classmethod
-    def select(cls, series: Series, target: str, horizon_s: float = 300.0,
-               **kwargs) -> "MemoryForecaster":
-        result = backtest(series, target, horizon_s, **kwargs)
-        winner = next(m for m in kwargs.get("factory", all_forecasters)()
-                      if m.name == result.winner.name)
-        winner.fit(series, target, horizon_steps(horizon_s, series.step_s))
-        return cls(winner, target, horizon_s, series.step_s, result)
-
-    def forecast_latest(self, series: Series) -> float:
-        """The target `horizon_s` after the series' last step."""
-        return float(clip(self.target, self.model.forecast(series, np.array([len(series) - 1])))[0])
-
-    def save(self, path: str | Path) -> Path:
-        return model_files.save(self, path, KIND, FORMAT)
-
-
-def load_forecaster(path: str | Path) -> MemoryForecaster:
-    return model_files.load(path, KIND, FORMAT)
