@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import altair as alt
 
+from observe.registry import SPAN_DECODE, SPAN_PREFILL, SPAN_QUEUE, SPAN_REQUEST, SPAN_SAMPLING
+
 HEIGHT = 280
 FLOW_COLORS = {"requests_per_s": "#7f7f7f", "goodput_per_s": "#2ca02c",
                "failed_per_s": "#d62728"}
-PHASE_COLORS = {"llm.request": "#9e9e9e", "llm.queue": "#f2a93b", "llm.prefill": "#4c78a8",
-                "llm.decode": "#54a24b", "llm.sampling": "#b279a2"}
+PHASE_COLORS = {SPAN_REQUEST: "#9e9e9e", SPAN_QUEUE: "#f2a93b", SPAN_PREFILL: "#4c78a8",
+                SPAN_DECODE: "#54a24b", SPAN_SAMPLING: "#b279a2"}
 
 
 def percentiles(frame, title: str) -> alt.Chart:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from observe.registry import PHASE_SPANS, SPAN_REQUEST
 from slo.predict.accuracy import GATE_EVENT
 
 WINDOWS = {"5 min": 5, "15 min": 15, "1 hour": 60, "6 hours": 360, "1 day": 1440}
@@ -13,7 +14,7 @@ METRICS = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end to end": "e2e_s"}
 PERCENTILES = (0.5, 0.95, 0.99)
 # Seed 002's first question when P99 jumps: did the context lengths change?
 CONTEXT_PERIODS = {"last 5 min": 5, "last hour": 60, "last day": 1440}
-PHASES = ("llm.queue", "llm.prefill", "llm.decode", "llm.sampling")
+PHASES = PHASE_SPANS  # queue, prefill, decode, sampling: the waterfall's bars
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -99,7 +100,7 @@ def check_request_id(request_id: str) -> str:
 def waterfall(request_id: str) -> str:
     """The request's phase spans as offsets from its start (seconds)."""
     rid = check_request_id(request_id)
-    names = ", ".join(f"'{n}'" for n in ("llm.request", *PHASES))
+    names = ", ".join(f"'{n}'" for n in (SPAN_REQUEST, *PHASES))
     return ("SELECT name AS phase, epoch(start_ts) - min(epoch(start_ts)) OVER () AS start_s, "
             "epoch(end_ts) - min(epoch(start_ts)) OVER () AS end_s, duration_s FROM spans "
             f"WHERE request_id = '{rid}' AND name IN ({names}) ORDER BY start_ts, name")

@@ -8,6 +8,8 @@ import streamlit as st
 
 from dashboards.console import charts, common, queries
 from dashboards.console.health import COLORS, firing, health, worst
+from slo.policy.conditions import BATCH_CONTROL
+from slo.policy.lifecycle import AUTO, INACTIVE
 from slo.report import SHOWN_WINDOWS
 
 CARDS_PER_ROW = 4  # wider cards cut the numbers off at laptop widths
@@ -18,10 +20,10 @@ def policy_banner(src) -> None:
         st.caption(common.NEEDS_SERVER + " Active policies are not shown.")
         return
     data = src.policies()
-    acting = [p for p in data["policies"] if p["effective"] != "inactive"
-              and p["policy"] != "batch_control"]
+    acting = [p for p in data["policies"] if p["effective"] != INACTIVE
+              and p["policy"] != BATCH_CONTROL]
     forced = [p["policy"] for p in data["policies"]
-              if p["override"] and p["override"]["mode"] != "auto"]
+              if p["override"] and p["override"]["mode"] != AUTO]
     if acting:
         st.warning("Active policies: " + ", ".join(
             f"**{p['policy']}** ({p['effective']}{', forced' if p['policy'] in forced else ''})"

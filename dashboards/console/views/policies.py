@@ -11,10 +11,12 @@ import streamlit as st
 
 from dashboards.console import common
 from dashboards.console.client import ConsoleError
+from slo.policy.lifecycle import ACTIVE, AUTO, FORCE_OFF, FORCE_ON, INACTIVE, RECOVERING
 
-MODES = {"auto": "auto", "force_on": "force on", "force_off": "force off"}
+# Each override mode (defined in slo.policy.lifecycle) as the form shows it.
+MODES = {AUTO: "auto", FORCE_ON: "force on", FORCE_OFF: "force off"}
 MESSAGE_KEY = "policy_message"
-EFFECTIVE_ICONS = {"active": "🔴 active", "recovering": "🟠 recovering", "inactive": "🟢 inactive"}
+EFFECTIVE_ICONS = {ACTIVE: "🔴 active", RECOVERING: "🟠 recovering", INACTIVE: "🟢 inactive"}
 
 
 def _when(epoch: float | None) -> datetime | None:
@@ -27,8 +29,8 @@ def state_table(policies: list[dict]) -> pd.DataFrame:
         o = p["override"] or {}
         rows.append({"policy": p["policy"], "effective": EFFECTIVE_ICONS.get(p["effective"],
                                                                               p["effective"]),
-                     "machine state": p["state"], "mode": MODES[o.get("mode", "auto")],
-                     "reason": o.get("reason") if o.get("mode", "auto") != "auto"
+                     "machine state": p["state"], "mode": MODES[o.get("mode", AUTO)],
+                     "reason": o.get("reason") if o.get("mode", AUTO) != AUTO
                      else p.get("reason"),
                      "last transition": _when(p["since"]),
                      "override by": o.get("actor"), "override expires": _when(o.get("expires"))})
@@ -75,7 +77,7 @@ def _apply(src, name: str) -> None:
 def override_forms(src) -> None:
     st.subheader("Overrides")
     for p in src.policies()["policies"]:
-        name, current = p["policy"], (p["override"] or {}).get("mode", "auto")
+        name, current = p["policy"], (p["override"] or {}).get("mode", AUTO)
         with st.form(f"override-{name}", border=True):
             cols = st.columns([2, 4, 5, 2, 1.4], vertical_alignment="bottom")
             cols[0].markdown(f"**{name}**  \n{EFFECTIVE_ICONS.get(p['effective'], '')}")
