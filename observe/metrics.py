@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from observe import registry as R
-from observe.stats import EngineSnapshot, RequestRecord
+from observe.record import RequestRecord
+from observe.stats import EngineSnapshot
 
 
 def create_instrument(meter, metric: R.MetricDef):

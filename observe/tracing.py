@@ -20,7 +20,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from observe import registry as R
-from observe.stats import RequestRecord, StepRecord, WallClock
+from observe.record import RequestRecord
+from observe.stats import StepRecord, WallClock
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from observe import registry as R
-from observe.stats import RequestRecord
+from observe.record import RequestRecord
 from serving.errors import ApiError
 from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter, LimiterTimeout

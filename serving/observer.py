@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 from observe import registry as R
 from observe.metrics import RequestMetrics
-from observe.stats import RequestRecord, WallClock
+from observe.record import RequestRecord
+from observe.stats import WallClock
 from observe.tracing import RequestSpans
 from slo.loading import load_spec
 from slo.spec import SLOSpec

@@ -12,7 +12,7 @@ Each SLI is defined once here, in Python (for the server, per request) and in SQ
 from __future__ import annotations
 
 from observe import registry as R
-from observe.stats import RequestRecord
+from observe.record import RequestRecord
 from slo.spec import SLO, SLOSpec
 
 LATENCY_COLUMNS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}

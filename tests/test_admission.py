@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from observe import registry as R
-from observe.stats import RequestRecord
+from observe.record import RequestRecord
 from serving.admission import Admission, Refused
 from serving.engine.stats import EngineSecond
 from serving.errors import ApiError

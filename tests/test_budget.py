@@ -8,7 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from observe.stats import EngineTimes, RequestRecord, WallClock
+from observe.record import RequestRecord
+from observe.stats import EngineTimes, WallClock
 from observe.tracelog import TraceLog
 from slo.budget import compute_status
 from slo.loading import load_spec, parse_spec

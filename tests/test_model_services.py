@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from observe.stats import AdmissionLoad, EngineSnapshot
+from observe.record import AdmissionLoad
+from observe.stats import EngineSnapshot
 from observe.tracelog import TraceLog
 from serving.guard import live_predictor as prediction
 from serving.guard.live_forecast import ForecastService, horizon_label

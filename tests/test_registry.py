@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry
 
 from observe import registry as R
 from observe.metrics import RequestMetrics, create_prometheus_export
-from observe.stats import EngineSnapshot, EngineTimes, RequestRecord
+from observe.record import RequestRecord
+from observe.stats import EngineSnapshot, EngineTimes
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from observe.stats import EngineTimes, RequestRecord, SamplingTally, WallClock
+from observe.record import RequestRecord
+from observe.stats import EngineTimes, SamplingTally, WallClock
 
 
 def _vllm_stats(**kw):

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from observe.stats import EngineTimes, RequestRecord, WallClock
+from observe.record import RequestRecord
+from observe.stats import EngineTimes, WallClock
 
 OFFSET = 1_000_000.0  # wall clock = monotonic + OFFSET
 CLOCK = WallClock(offset=OFFSET)

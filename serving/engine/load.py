@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import threading
 
-from observe.stats import AdmissionLoad, StepRecord
+from observe.record import AdmissionLoad
+from observe.stats import StepRecord
 from serving.engine.stats import EngineSecond
 
 STEP_EWMA_ALPHA = 0.2  # weight of the newest step: about the last ten steps matter

@@ -23,7 +23,8 @@ from dataclasses import replace
 
 import psutil
 
-from observe.stats import EngineTimes, RequestRecord, WallClock
+from observe.record import RequestRecord
+from observe.stats import EngineTimes, WallClock
 from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
 from serving.engine.failures import (
     ENGINE_DEAD,

@@ -18,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from observe.stats import AdmissionLoad, LatencyPrediction
+from observe.record import AdmissionLoad, LatencyPrediction
 from serving.guard.periodic import Periodic
 from slo.predict.accuracy import GATE_EVENT, HOLDOUT_SHARE, accuracy, judge
 from slo.predict.features import TrainingSet, feature_vector, training_sql

@@ -10,7 +10,8 @@ import logging
 import time
 from datetime import datetime, timezone
 
-from observe.stats import EngineSnapshot, RequestRecord
+from observe.record import RequestRecord
+from observe.stats import EngineSnapshot
 from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter
 from serving.admin.overrides import OverrideStore

@@ -11,7 +11,7 @@ import logging
 import time
 
 from observe import registry as R
-from observe.stats import RequestRecord
+from observe.record import RequestRecord
 from slo.policy import conditions as P
 from slo.policy.batch_size import BatchController
 from slo.policy.decisions import Decisions, decide
