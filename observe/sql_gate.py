@@ -44,7 +44,7 @@ TABLE_FUNCTIONS: Final = frozenset({
     "range", "generate_series", "unnest", "json_each", "json_tree", "pragma_table_info",
     "duckdb_tables", "duckdb_columns", "duckdb_views", "duckdb_schemas", "duckdb_types",
     "duckdb_functions", "duckdb_constraints", "duckdb_indexes", "duckdb_keywords",
-    "duckdb_memory",  # buffer memory by tag (bench/soak.py samples it)
+    "duckdb_memory",  # buffer memory by tag (bench/reliability/soak.py samples it)
 })
 # Scalar/aggregate functions that read the environment or files, change state that a
 # rollback does not undo, run or plan other SQL, sleep, or decode raw internal state.

@@ -1,4 +1,4 @@
-"""bench/slo_status.py times the product's query path (`tailguard slo status --db`,
+"""bench/tracelog/slo_status.py times the product's query path (`tailguard slo status --db`,
 the same `compute_status` that `GET /admin/slo` runs), not SQL of its own."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import duckdb
 import pytest
 
 import observe.query
-from bench.slo_status import build, slo_status
+from bench.tracelog.slo_status import build, slo_status
 from slo.budget import compute_status
 from slo.report import status_to_dict
 from slo.loading import load_spec
@@ -56,9 +56,9 @@ def test_a_failing_status_command_fails_the_bench(tmp_path):
 
 
 def test_the_query_bench_runs_every_documented_example_on_the_synthetic_log(trace):
-    """bench/tracelog_query.py: every example of docs/trace-log.md, with now() the
+    """bench/tracelog/query.py: every example of docs/trace-log.md, with now() the
     newest arrival, answers through the product's query function."""
-    from bench.tracelog_query import example_queries, newest_arrival
+    from bench.tracelog.query import example_queries, newest_arrival
 
     now = newest_arrival(trace)
     examples = example_queries(now)

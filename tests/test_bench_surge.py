@@ -1,4 +1,4 @@
-"""The policy-surge benchmark's scoring (bench/policy_surge.py): smooth goodput, the
+"""The policy-surge benchmark's scoring (bench/policy/surge_scoring.py): smooth goodput, the
 realtime lane's attainment with demotion as a miss, the on/off comparison and the
 alternating order. Every figure here can come out against the policies."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.policy_surge import (
+from bench.policy.surge import side_order
+from bench.policy.surge_scoring import (
     Outcome,
     compare,
     credit,
@@ -14,7 +15,6 @@ from bench.policy_surge import (
     goodput_per_served,
     lane_attainment,
     outcome,
-    side_order,
     smooth_goodput,
     summarize,
 )

@@ -1,4 +1,4 @@
-"""The breaker drill's recovery measure (bench/policy_surge.py): SLO attainment of the
+"""The breaker drill's recovery measure (bench/policy/surge_drill.py): SLO attainment of the
 requests that arrive after the fault clears, never the backlog draining.
 
 Synthetic client results on a hand-set clock: steady arrivals every 0.5 s, a fault
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.policy_surge import drill_recovery
+from bench.policy.surge_drill import drill_recovery
 from loadgen.runner import Result
 from slo.targets import DEFAULT_TTFT_TARGET
 

@@ -6,7 +6,7 @@ worker's resident memory grew with each new batch size it saw: +248 MiB over 300
 fresh prompt lengths, and 45 MiB/min through a 10-minute soak. vLLM keeps its own
 32-entry cache per linear layer, so the global one only costs memory, and tcmalloc
 (what vLLM's CPU guide asks for) holds fragmentation down: +60 MiB with both, speed
-unchanged within noise (bench/allocator.py; docs/reliability.md, Soak).
+unchanged within noise (bench/serving/allocator.py; docs/reliability.md, Soak).
 
 tcmalloc must be loaded when the process starts, so `tailguard serve` re-executes
 itself once with it in `LD_PRELOAD`; the engine processes inherit it.

@@ -138,3 +138,16 @@ class StepLedger:
                 os.remove(path) if path == self.path else os.rmdir(path)
             except OSError:
                 pass
+
+
+class NoStepLedger:
+    """The in-memory twin of `StepLedger` for an engine without the step probe (fakes
+    in tests and benchmarks): it tracks nothing and never sees a step."""
+
+    steps_seen = 0
+
+    def track(self, *args) -> None:
+        pass
+
+    def untrack(self, *args) -> None:
+        pass

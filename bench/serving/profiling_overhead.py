@@ -19,9 +19,9 @@ cores. `--control` is an A/A run (the "on" side starts no agent): the noise floo
 Last, the per-call cost of `phase_tags` and of a root span with pyroscope-otel's span
 processor (what each `llm.request`/`llm.step` pays), timed in a loop.
 
-    python bench/profiling_overhead.py               # 1-5 minutes on 2 cores
-    python bench/profiling_overhead.py --control     # A/A: the noise floor
-    python bench/profiling_overhead.py --quick       # smoke run, 2 rounds
+    python -m bench.serving.profiling_overhead               # 1-5 minutes on 2 cores
+    python -m bench.serving.profiling_overhead --control     # A/A: the noise floor
+    python -m bench.serving.profiling_overhead --quick       # smoke run, 2 rounds
 """
 
 from __future__ import annotations
@@ -30,14 +30,10 @@ import argparse
 import os
 import random
 import statistics
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 

@@ -8,7 +8,7 @@ time, read (A) straight from the engine's generator, as before the pump, and (B)
 through `ObservedEngine.generate` (pump, mailbox, slot and ledger bookkeeping). Rounds
 alternate A/B and B/A; the figure is process CPU time per request.
 
-    python bench/pump_cost.py [--requests 2000] [--tokens 64] [--rounds 6]
+    python -m bench.serving.pump_cost [--requests 2000] [--tokens 64] [--rounds 6]
 """
 
 from __future__ import annotations
@@ -16,27 +16,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-from vllm.outputs import CompletionOutput, RequestOutput  # noqa: E402
-from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
-
-from observe.stats import RequestRecord, WallClock  # noqa: E402
-from serving.engine.observed import ObservedEngine, current_request  # noqa: E402
-
-
-class FakeLedger:
-    steps_seen = 0
-
-    def track(self, *args):
-        pass
-
-    def untrack(self, *args):
-        pass
+from observe.record import RequestRecord
+from observe.stats import WallClock
+from serving.engine.observed import ObservedEngine, current_request
+from serving.engine.step_receiver import NoStepLedger
 
 
 class FakeEngine:
@@ -55,7 +43,7 @@ class FakeEngine:
 
 async def run(mode: str, requests: int, tokens: int, concurrency: int) -> float:
     fake = FakeEngine(tokens)
-    observed = ObservedEngine(fake, FakeLedger(), WallClock(), admission=None, hang_s=0)
+    observed = ObservedEngine(fake, NoStepLedger(), WallClock(), admission=None, hang_s=0)
     params = SamplingParams(max_tokens=tokens, output_kind=RequestOutputKind.DELTA)
     gate = asyncio.Semaphore(concurrency)
 

@@ -6,7 +6,7 @@ highest rate at which P99 TTFT stays within the context-aware target (SPEC §3) 
 request fails. Rates are searched by doubling, then bisection.
 
     python -m tailguard serve --port 8000 &   # then:
-    python bench/capacity.py --url http://127.0.0.1:8000 --duration 30
+    python -m bench.serving.capacity --url http://127.0.0.1:8000 --duration 30
 """
 
 from __future__ import annotations

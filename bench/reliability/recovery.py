@@ -8,7 +8,7 @@ restart (its `policy_events` rows), the server's own timings for the old engine'
 shutdown, the new engine's start and warm-up (its log), and fault -> first request
 served.
 
-    python bench/recovery.py --rounds 3
+    python -m bench.reliability.recovery --rounds 3
 """
 
 from __future__ import annotations

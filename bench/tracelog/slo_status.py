@@ -7,7 +7,7 @@ which opens the file read-only through `observe.query.query_file` (the SQL gate,
 row and time limits) and computes every SLO, window, context bucket and priority with
 `slo.budget.compute_status`, the code `GET /admin/slo` runs too. Goal: < 1 s.
 
-    python bench/slo_status.py --rows 10000000 --repeat 5
+    python -m bench.tracelog.slo_status --rows 10000000 --repeat 5
 """
 
 from __future__ import annotations

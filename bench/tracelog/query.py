@@ -3,7 +3,7 @@
 Builds (or reuses with --keep) a synthetic 30-day, 10M-row trace log in SQL, then
 times each example query read-only, best and median of --repeat runs.
 
-    python bench/tracelog_query.py --rows 10000000 --repeat 5
+    python -m bench.tracelog.query --rows 10000000 --repeat 5
 """
 
 from __future__ import annotations
@@ -11,19 +11,17 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import duckdb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import REPO_ROOT
+from bench.tracelog.slo_status import build
+from observe.query import query_file
 
-from bench.slo_status import build  # noqa: E402
-from observe.query import query_file  # noqa: E402
-
-DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-log.md"
+DOC = REPO_ROOT / "docs" / "trace-log.md"
 
 
 def example_queries(now: datetime) -> list[tuple[str, str]]:

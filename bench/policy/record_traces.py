@@ -7,7 +7,7 @@ made small on purpose (48 MiB, about 24k tokens) so that long documents under lo
 really fill it, as a production GPU's does; with vLLM's CPU default of 1 GiB the
 embedded model could never use more than a few percent.
 
-    python bench/record_traces.py --db traces/diurnal.duckdb --rate 6 --duration 2400
+    python -m bench.policy.record_traces --db traces/diurnal.duckdb --rate 6 --duration 2400
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tailguard.launcher import wait_ready
+from bench.common import start_tailguard
 from loadgen.runner import Target, discover, run
 from loadgen.workload import SCENARIOS, Workload
 
@@ -27,12 +26,9 @@ KV_CACHE_BYTES = 48 * 1024 * 1024
 
 
 def start_server(db: Path, port: int, kv_bytes: int) -> subprocess.Popen:
-    log = db.with_suffix(".server.log")
-    cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db", str(db),
-           "--retrain-interval", "0", "--", "--kv-cache-memory-bytes", str(kv_bytes)]
-    process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    wait_ready(f"http://127.0.0.1:{port}", process, log)
-    return process
+    serve = ["--db", str(db), "--retrain-interval", "0",
+             "--", "--kv-cache-memory-bytes", str(kv_bytes)]
+    return start_tailguard(port, serve, db.with_suffix(".server.log"))
 
 
 def main() -> None:

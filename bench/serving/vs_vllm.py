@@ -20,7 +20,7 @@ each side takes, in turn (the side that goes first alternates by round):
 A warm-up round (short, both sides) is dropped. Every run prints one line; the report
 gives every round and the per-round tailguard/vLLM ratios' median [min-max].
 
-    python bench/vs_vllm.py --rounds 5
+    python -m bench.serving.vs_vllm --rounds 5
 """
 
 from __future__ import annotations
@@ -37,11 +37,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from serving.engine.allocator import find_tcmalloc
+from bench.common import command_line
 from loadgen.report import summarize
 from loadgen.runner import Target, run, run_closed
-from serving.engine.embedded_model import ensure_model
 from loadgen.workload import Workload
+from serving.engine.allocator import find_tcmalloc
+from serving.engine.embedded_model import ensure_model
 from slo.loading import load_spec
 
 NAME = "tailguard-tiny-llama"
@@ -206,7 +207,7 @@ def report(rows: list[dict], args) -> None:
     errors = {side: sum(sum(b[side]["sat_errors"].values()) + sum(b[side]["light_errors"].values())
                         for b in briefs) for side in SIDES}
     print(f"\nfailed requests: {errors}")
-    print("command: python bench/vs_vllm.py " + " ".join(sys.argv[1:]))
+    print("command: " + command_line(__spec__.name))
 
 
 def main() -> None:

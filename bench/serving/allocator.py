@@ -13,8 +13,8 @@ engine in-process. Two workloads:
 The machine is noisy (±8%), so configurations alternate, round by round, and each
 cell reports every round.
 
-    python bench/allocator.py                 # about 6 minutes
-    python bench/allocator.py --rounds 1      # smoke run
+    python -m bench.serving.allocator                 # about 6 minutes
+    python -m bench.serving.allocator --rounds 1      # smoke run
 """
 
 from __future__ import annotations
@@ -26,10 +26,8 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench.common import REPO_ROOT
 
 CONFIGS = {
     "glibc, cache on": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"},
@@ -82,8 +80,8 @@ def run(config: dict, workload: str) -> dict:
         if library is None:
             sys.exit("libtcmalloc_minimal.so.4 not found (Debian: libtcmalloc-minimal4)")
         env["LD_PRELOAD"] = library
-    out = subprocess.run([sys.executable, __file__, "--child", workload], env=env,
-                         capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-m", __spec__.name, "--child", workload], env=env,
+                         capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     if out.returncode or not lines:
         sys.exit(f"child failed:\n{out.stderr[-3000:]}")

@@ -7,7 +7,7 @@ with a model trained on a recorded trace log, and, alternating in the same run, 
 the seed formula; also scikit-learn's own `predict` for the same four models, which
 is why the trees are compiled to numpy.
 
-    python bench/predict_cost.py --db traces/diurnal.duckdb --calls 20000
+    python -m bench.policy.predict_cost --db traces/diurnal.duckdb --calls 20000
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from observe.stats import RequestRecord
+from observe.record import RequestRecord
 from serving.admission import Admission
 from serving.engine.stats import EngineSecond
 from serving.engine.fault_injection import FaultInjector

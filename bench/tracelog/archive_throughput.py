@@ -1,7 +1,7 @@
 """How fast a rotation moves `requests` rows out of the trace log into Parquet.
 
 Each repetition, on a fresh DuckDB file in a fresh temporary directory:
-  1. fill: N finished requests (bench/otlp_overhead.py's request_record: every column
+  1. fill: N finished requests (bench/serving/otlp_overhead.py's request_record: every column
      of the row the server writes, realistic values; the error columns are NULL except
      on the ~3% refused requests, as in the server) are turned into rows with
      RequestRecord.row() and written with TraceLog.add() + flush(); arrivals are spread
@@ -15,32 +15,28 @@ Each repetition, on a fresh DuckDB file in a fresh temporary directory:
 Rows are generated from one seed, so every repetition archives identical data.
 Reported: median [min, max] over the repetitions.
 
-    .venv/bin/python bench/archive_throughput.py --rows 1000000 --repeat 3
+    python -m bench.tracelog.archive_throughput --rows 1000000 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import duckdb
+import pyarrow
+import pyarrow.dataset as ds
 
-import duckdb  # noqa: E402
-import pyarrow  # noqa: E402
-import pyarrow.dataset as ds  # noqa: E402
-
-from bench.otlp_overhead import request_record  # noqa: E402
-from observe.archive import ArchiveConfig, Rotator  # noqa: E402
-from observe.schema import REQUESTS  # noqa: E402
-from observe.stats import WallClock  # noqa: E402
-from observe.tracelog import TraceLog  # noqa: E402
+from bench.common import command_line
+from bench.synthetic import request_record
+from observe.archive import ArchiveConfig, Rotator
+from observe.schema import REQUESTS
+from observe.stats import WallClock
+from observe.tracelog import TraceLog
 
 SPAN_S = 3 * 24 * 3600.0  # arrivals spread over the last 3 days
 SEED = 20250101
@@ -91,7 +87,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    print("command: " + shlex.join([Path(sys.executable).name, *sys.argv]), flush=True)
+    print("command: " + command_line(__spec__.name), flush=True)
     runs = []
     for attempt in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="tailguard-archive-bench-") as tmp:

@@ -11,7 +11,7 @@ Measures, on a fresh DuckDB file:
      ticker without the writer (this machine's noise floor).
 Optionally (--compare-insert) alternates the Arrow insert paths 3 times.
 
-    python bench/tracelog_ingest.py --rows 1000000
+    python -m bench.tracelog.ingest --rows 1000000
 """
 
 from __future__ import annotations
@@ -19,21 +19,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import shlex
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import duckdb
 
-import duckdb  # noqa: E402
-
-from observe import tracelog  # noqa: E402
-from observe.schema import REQUESTS, arrow_table  # noqa: E402
-from observe.tracelog import TraceLog  # noqa: E402
+from bench.common import command_line
+from observe import tracelog
+from observe.schema import REQUESTS, arrow_table
+from observe.tracelog import TraceLog
 
 START = datetime(2025, 1, 1, tzinfo=timezone.utc)
 POOL_SIZE = 20_000  # distinct rows, reused: a million dicts would measure the allocator
@@ -180,7 +177,7 @@ def main() -> None:
     parser.add_argument("--lag-seconds", type=float, default=5.0)
     parser.add_argument("--compare-insert", action="store_true")
     args = parser.parse_args()
-    print("command: python " + shlex.join(sys.argv), flush=True)
+    print("command: " + command_line(__spec__.name), flush=True)
     pool = row_pool()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

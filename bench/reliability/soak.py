@@ -10,7 +10,7 @@ sampled every `--every` seconds: resident memory of the server process and of it
 engine processes, the trace writer's pending and dropped rows (GET /admin/tracelog),
 errors and TTFT. Prints a summary table and writes the samples (JSON) and a figure.
 
-    python bench/soak.py --out docs/soak   # 16-19 minutes
+    python -m bench.reliability.soak --out docs/soak   # 16-19 minutes
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from tailguard.launcher import wait_ready  # noqa: E402
-from slo.policy.live_windows import quantile  # noqa: E402
-from slo.policy.conditions import PolicyConfig  # noqa: E402
+from bench.common import start_tailguard
+from slo.policy.conditions import PolicyConfig
+from slo.policy.live_windows import quantile
 
 TOKEN = "soak-bench-admin-token"
 WORDS = ("the of and to in is that for it as with be on not this are by or an from at "
@@ -42,14 +39,9 @@ WORDS = ("the of and to in is that for it as with be on not this are by or an fr
 
 
 def start_server(db: Path, port: int) -> subprocess.Popen:
-    log = db.with_suffix(".server.log")
     env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=TOKEN)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db", str(db),
-         "--retrain-interval", "0"], stdout=log.open("w"), stderr=subprocess.STDOUT,
-        env=env, start_new_session=True)
-    wait_ready(f"http://127.0.0.1:{port}", process, log)
-    return process
+    return start_tailguard(port, ["--db", str(db), "--retrain-interval", "0"],
+                           db.with_suffix(".server.log"), env, start_new_session=True)
 
 
 def body(rng: random.Random) -> dict:

@@ -1,0 +1,81 @@
+"""The surge benchmark's server: one tailguard server on the embedded model with realtime,
+VIP and batch keys, driven through its admin API (policy modes, faults, trace-log
+queries) and by the load generator, split over the three keys."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from bench.common import start_tailguard
+from loadgen.runner import Target, run
+from loadgen.workload import Workload
+
+
+KEYS = {"realtime": ("sk-bench-rt", 0.6), "vip": ("sk-bench-vip", 0.1),
+        "batch": ("sk-bench-batch", 0.3)}
+KEYS_YAML = """keys:
+  - {name: rt, key: sk-bench-rt, tier: realtime}
+  - {name: vip, key: sk-bench-vip, tier: realtime, vip: true}
+  - {name: bulk, key: sk-bench-batch, tier: batch}
+"""
+TOKEN = "bench-admin-token"
+POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressure",
+            "truncation", "predicted_miss", "batch_control")
+
+
+def start(tmp: Path, port: int, latency_model: str | None) -> subprocess.Popen:
+    (tmp / "keys.yaml").write_text(KEYS_YAML)
+    if latency_model:  # what the server would have learnt from earlier traffic
+        (tmp / "models").mkdir()
+        shutil.copy(latency_model, tmp / "models" / "latency.pkl")
+    serve = ["--db", str(tmp / "trace.duckdb"), "--keys", str(tmp / "keys.yaml"),
+             "--enable-fault-injection", "--retrain-interval", "0",
+             "--model-dir", str(tmp / "models"),
+             "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024)]
+    env = {**os.environ, "TAILGUARD_ADMIN_TOKEN": TOKEN}
+    return start_tailguard(port, serve, tmp / "server.log", env)
+
+
+def admin(url: str, method: str, path: str, body: dict | None = None) -> dict:
+    resp = httpx.request(method, url + path, json=body, timeout=30,
+                         headers={"Authorization": f"Bearer {TOKEN}"})
+    resp.raise_for_status()
+    return resp.json()
+
+
+def set_policies(url: str, mode: str) -> None:
+    for name in POLICIES:
+        admin(url, "PUT", f"/admin/policies/{name}", {"mode": mode, "reason": "benchmark side"})
+
+
+async def drive(url: str, scenario: str, rate: float, duration: float, seed: int) -> dict:
+    """Run one workload split over the three keys; results per key."""
+    runs = {}
+    for i, (kind, (key, share)) in enumerate(KEYS.items()):
+        workload = Workload(scenario, rate * share, duration, 100_000, seed=seed * 10 + i)
+        runs[kind] = run(Target(url, "tailguard-tiny-llama", key, timeout_s=120, drain_s=60),
+                         workload)
+    results = await asyncio.gather(*runs.values())
+    return dict(zip(runs, results))
+
+
+ROWS_SQL = """
+SELECT priority, status, ttft_s, slo_ttft_target_s, policy_actions
+FROM requests WHERE epoch(arrival_ts) BETWEEN {start} AND {end}
+"""
+
+
+def server_rows(url: str, start: float, end: float) -> list[dict]:
+    """The trace-log rows of the requests that arrived between `start` and `end`."""
+    admin(url, "POST", "/admin/flush")
+    data = admin(url, "POST", "/admin/query",
+                 {"sql": ROWS_SQL.format(start=start, end=end), "max_rows": 100_000})
+    if data.get("truncated"):
+        raise RuntimeError("more trace-log rows than one query answers")
+    return [dict(zip(data["columns"], row)) for row in data["rows"]]

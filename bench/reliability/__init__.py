@@ -1,0 +1,1 @@
+"""Long runs and faults: the soak and engine-crash recovery."""
