@@ -14,21 +14,18 @@ and dropped, never raised into the caller.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 from urllib.parse import urlsplit
 
+from observe import settings
+from observe.settings import (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_HEADERS,
+                              OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_METRIC_EXPORT_INTERVAL)
+
 PROTOCOL_HTTP: Final = "http/protobuf"
 PROTOCOL_GRPC: Final = "grpc"
 PROTOCOLS: Final = (PROTOCOL_HTTP, PROTOCOL_GRPC)
-
-# The OpenTelemetry SDK's own variable names (one endpoint for both signals).
-ENV_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
-ENV_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_PROTOCOL"
-ENV_HEADERS: Final = "OTEL_EXPORTER_OTLP_HEADERS"  # "key=value,key2=value2", URL-encoded
-ENV_EXPORT_INTERVAL_MS: Final = "OTEL_METRIC_EXPORT_INTERVAL"  # milliseconds, as the SDK's
 
 # OTLP/HTTP signal paths, appended to the endpoint (which may carry a path prefix).
 TRACES_PATH: Final = "/v1/traces"
@@ -89,28 +86,26 @@ def _check_endpoint(endpoint: str, protocol: str) -> None:
 def otlp_config_from(endpoint: str | None = None, protocol: str | None = None) -> OtlpConfig | None:
     """The OTLP config from the arguments, else the standard environment variables;
     None (export off) when neither names an endpoint."""
-    endpoint = endpoint or os.environ.get(ENV_ENDPOINT)
+    endpoint = endpoint or settings.get(OTEL_EXPORTER_OTLP_ENDPOINT)
     if not endpoint:
         return None
-    return OtlpConfig(endpoint, protocol or os.environ.get(ENV_PROTOCOL) or DEFAULT_PROTOCOL,
-                      headers=_env_headers(), export_interval_s=_env_interval_s())
+    protocol = protocol or settings.text(OTEL_EXPORTER_OTLP_PROTOCOL, DEFAULT_PROTOCOL)
+    return OtlpConfig(endpoint, protocol, headers=_env_headers(),
+                      export_interval_s=_env_interval_s())
 
 
 def _env_headers() -> tuple[tuple[str, str], ...]:
     from opentelemetry.util.re import parse_env_headers
 
-    return tuple(parse_env_headers(os.environ.get(ENV_HEADERS, ""), liberal=True).items())
+    raw = settings.get(OTEL_EXPORTER_OTLP_HEADERS, "")
+    return tuple(parse_env_headers(raw, liberal=True).items())
 
 
 def _env_interval_s() -> float:
-    raw = os.environ.get(ENV_EXPORT_INTERVAL_MS)
-    if not raw:
-        return DEFAULT_EXPORT_INTERVAL_S
-    try:
-        return float(raw) / 1000
-    except ValueError:
-        raise ValueError(f"environment variable {ENV_EXPORT_INTERVAL_MS}={raw!r} is not "
-                         "a number of milliseconds") from None
+    milliseconds = settings.number(
+        OTEL_METRIC_EXPORT_INTERVAL, DEFAULT_EXPORT_INTERVAL_S * 1000,
+        complaint="environment variable {name}={raw!r} is not a number of milliseconds")
+    return milliseconds / 1000
 
 
 def create_otlp_span_processor(config: OtlpConfig):

@@ -1,17 +1,17 @@
 """Server configuration: one slotted dataclass, checked on construction.
 
-Each setting resolves argument -> environment variable -> default, and the
-environment variable names are the constants below.
+Each setting resolves argument -> environment variable -> default; the variables
+are named in observe/settings.py, which reads them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from observe.archive import ArchiveConfig, instance_name
-from observe.otlp import ENV_ENDPOINT, OtlpConfig, otlp_config_from
+from observe import settings as S
+from observe.otlp import OtlpConfig, otlp_config_from
 from serving.http_limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S,
                                  DEFAULT_KEEP_ALIVE_S, HttpLimits, default_max_connections)
 from serving.keys import KeyRing, load_keys
@@ -22,23 +22,6 @@ from slo.durations import parse_duration
 from slo.loading import load_spec
 from slo.spec import SLOSpec
 
-ENV_DB = "TAILGUARD_DB"
-ENV_ADMIN_TOKEN = "TAILGUARD_ADMIN_TOKEN"
-ENV_FLUSH_S = "TAILGUARD_TRACE_FLUSH_S"
-ENV_MAX_BODY = "TAILGUARD_MAX_BODY_BYTES"
-ENV_MAX_N = "TAILGUARD_MAX_N"
-ENV_MAX_SEQUENCES = "TAILGUARD_MAX_SEQUENCES"
-ENV_MAX_CLIENT_SEQUENCES = "TAILGUARD_MAX_CLIENT_SEQUENCES"
-ENV_WRITE_TIMEOUT_S = "TAILGUARD_STREAM_WRITE_TIMEOUT_S"
-ENV_MODEL_DIR = "TAILGUARD_MODEL_DIR"
-ENV_RETRAIN_S = "TAILGUARD_RETRAIN_S"
-ENV_RESELECT_S = "TAILGUARD_FORECAST_RESELECT_S"
-ENV_FORWARDED_ALLOW_IPS = "TAILGUARD_FORWARDED_ALLOW_IPS"  # trust X-Forwarded-For from these
-ENV_HEADER_TIMEOUT_S = "TAILGUARD_HTTP_HEADER_TIMEOUT_S"
-ENV_BODY_TIMEOUT_S = "TAILGUARD_HTTP_BODY_TIMEOUT_S"
-ENV_KEEP_ALIVE_S = "TAILGUARD_HTTP_KEEP_ALIVE_S"
-ENV_MAX_CONNECTIONS = "TAILGUARD_HTTP_MAX_CONNECTIONS"
-
 DEFAULT_DB = "tailguard.duckdb"
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_MAX_N = 8
@@ -47,16 +30,6 @@ DEFAULT_MAX_CLIENT_SEQUENCES = 128  # in flight per client; 0: no per-client bou
 DEFAULT_WRITE_TIMEOUT_S = 30.0  # one stream write; a client reading nothing is cut
 DEFAULT_RETRAIN_S = 600.0
 DEFAULT_RESELECT_S = 1800.0
-
-
-def _env(name: str, default, cast=str):
-    raw = os.environ.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return cast(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not a valid {cast.__name__}")
 
 
 @dataclass(slots=True)
@@ -101,25 +74,28 @@ class ServerConfig:
         self.spec = load_spec(self.slo_file)  # SpecError (a ValueError) names field + line
         self.policies = load_policy_config(self.policy_file)
         self.keys = load_keys(self.keys_file) if self.keys_file else KeyRing.open()
-        if self.otlp_protocol and not (self.otlp_endpoint or os.environ.get(ENV_ENDPOINT)):
+        if self.otlp_protocol and not (self.otlp_endpoint
+                                       or S.get(S.OTEL_EXPORTER_OTLP_ENDPOINT)):
             raise ValueError("--otlp-protocol needs --otlp-endpoint")
         self.otlp = otlp_config_from(self.otlp_endpoint, self.otlp_protocol)
         self.archive = self._archive_config()
         self.profiling = profiling_config_from(self.profile_server)
         self.forwarded_allow_ips = (self.forwarded_allow_ips
-                                    or _env(ENV_FORWARDED_ALLOW_IPS, None))
+                                    or S.text(S.TAILGUARD_FORWARDED_ALLOW_IPS))
         self.http_limits = self.http_limits or http_limits_from_env()
-        self.db = self.db or _env(ENV_DB, DEFAULT_DB)
-        self.flush_interval_s = self.flush_interval_s or _env(ENV_FLUSH_S, 1.0, float)
-        self.max_body_bytes = self.max_body_bytes or _env(ENV_MAX_BODY, DEFAULT_MAX_BODY, int)
-        self.max_n = self.max_n or _env(ENV_MAX_N, DEFAULT_MAX_N, int)
+        self.db = self.db or S.text(S.TAILGUARD_DB, DEFAULT_DB)
+        self.flush_interval_s = self.flush_interval_s or S.number(S.TAILGUARD_TRACE_FLUSH_S, 1.0)
+        self.max_body_bytes = self.max_body_bytes or S.number(S.TAILGUARD_MAX_BODY_BYTES,
+                                                              DEFAULT_MAX_BODY, int)
+        self.max_n = self.max_n or S.number(S.TAILGUARD_MAX_N, DEFAULT_MAX_N, int)
         self._resolve_client_bounds()
-        self.model_dir = self.model_dir or _env(ENV_MODEL_DIR,
-                                                str(model_files.default_dir(self.db)))
+        self.model_dir = self.model_dir or S.text(S.TAILGUARD_MODEL_DIR,
+                                                  str(model_files.default_dir(self.db)))
         if self.retrain_interval_s is None:
-            self.retrain_interval_s = _env(ENV_RETRAIN_S, DEFAULT_RETRAIN_S, float)
+            self.retrain_interval_s = S.number(S.TAILGUARD_RETRAIN_S, DEFAULT_RETRAIN_S)
         if self.reselect_interval_s is None:
-            self.reselect_interval_s = _env(ENV_RESELECT_S, DEFAULT_RESELECT_S, float)
+            self.reselect_interval_s = S.number(S.TAILGUARD_FORECAST_RESELECT_S,
+                                                DEFAULT_RESELECT_S)
         if not Path(self.model, "config.json").is_file():
             raise ValueError(f"model: {self.model} is not a Hugging Face model directory "
                              "(no config.json)")
@@ -136,13 +112,13 @@ class ServerConfig:
 
     def _resolve_client_bounds(self) -> None:
         """What one request and one client may hold: sequences, and a stream's writes."""
-        self.max_sequences = self.max_sequences or _env(ENV_MAX_SEQUENCES,
-                                                        DEFAULT_MAX_SEQUENCES, int)
+        self.max_sequences = self.max_sequences or S.number(S.TAILGUARD_MAX_SEQUENCES,
+                                                            DEFAULT_MAX_SEQUENCES, int)
         if self.max_client_sequences is None:
-            self.max_client_sequences = _env(ENV_MAX_CLIENT_SEQUENCES,
-                                             DEFAULT_MAX_CLIENT_SEQUENCES, int)
-        self.stream_write_timeout_s = self.stream_write_timeout_s or _env(
-            ENV_WRITE_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S, float)
+            self.max_client_sequences = S.number(S.TAILGUARD_MAX_CLIENT_SEQUENCES,
+                                                 DEFAULT_MAX_CLIENT_SEQUENCES, int)
+        self.stream_write_timeout_s = self.stream_write_timeout_s or S.number(
+            S.TAILGUARD_STREAM_WRITE_TIMEOUT_S, DEFAULT_WRITE_TIMEOUT_S)
         if self.max_sequences < 1 or self.max_client_sequences < 0:
             raise ValueError("max_sequences must be >= 1 and max_client_sequences >= 0")
         if not 0 < self.stream_write_timeout_s <= 3600:
@@ -175,10 +151,11 @@ class ServerConfig:
 def http_limits_from_env() -> HttpLimits:
     """Connection deadlines and cap (serving.http_limits), each from its variable."""
     return HttpLimits(
-        header_timeout_s=_env(ENV_HEADER_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, float),
-        body_timeout_s=_env(ENV_BODY_TIMEOUT_S, DEFAULT_BODY_TIMEOUT_S, float),
-        keep_alive_s=_env(ENV_KEEP_ALIVE_S, DEFAULT_KEEP_ALIVE_S, float),
-        max_connections=_env(ENV_MAX_CONNECTIONS, default_max_connections(), int))
+        header_timeout_s=S.number(S.TAILGUARD_HTTP_HEADER_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S),
+        body_timeout_s=S.number(S.TAILGUARD_HTTP_BODY_TIMEOUT_S, DEFAULT_BODY_TIMEOUT_S),
+        keep_alive_s=S.number(S.TAILGUARD_HTTP_KEEP_ALIVE_S, DEFAULT_KEEP_ALIVE_S),
+        max_connections=S.number(S.TAILGUARD_HTTP_MAX_CONNECTIONS, default_max_connections(),
+                                 int))
 
 
 def load_policy_config(path: str | None) -> PolicyConfig:

@@ -15,7 +15,6 @@ deadlock the child, so start it only after the engine core process exists.
 
 from __future__ import annotations
 
-import os
 import re
 import weakref
 from collections.abc import Mapping
@@ -26,8 +25,9 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from observe import registry as R
+from observe import settings
+from observe.settings import TAILGUARD_PROFILE_SERVER
 
-ENV_PROFILE_SERVER: Final = "TAILGUARD_PROFILE_SERVER"
 DEFAULT_APPLICATION: Final = "tailguard"
 # Profile tags (proposed for observe/registry.py).
 TAG_MODEL: Final = "model"
@@ -75,9 +75,11 @@ class ProfilingConfig:
         object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
 
 
-def profiling_config_from(url: str | None = None, environ=os.environ) -> ProfilingConfig | None:
-    """`url` -> $TAILGUARD_PROFILE_SERVER -> None (profiling off)."""
-    url = url or environ.get(ENV_PROFILE_SERVER) or None
+def profiling_config_from(url: str | None = None,
+                          environ: Mapping[str, str] | None = None) -> ProfilingConfig | None:
+    """`url` -> $TAILGUARD_PROFILE_SERVER (in `environ`, else this process's) -> None
+    (profiling off)."""
+    url = url or settings.get(TAILGUARD_PROFILE_SERVER, None, environ) or None
     return ProfilingConfig(url) if url else None
 
 

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 
+from observe import settings
 from observe.archive import Rotator
 from observe.metrics import RequestMetrics, create_prometheus_export
 from observe.otlp import create_otlp_metric_reader, create_otlp_span_processor
+from observe.settings import TAILGUARD_PROFILE_SERVER
 from observe.stats import WallClock
 from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
@@ -37,7 +38,7 @@ from serving.observer import Observer
 from serving.guard.periodic import Periodic
 from serving.guard.live_predictor import PredictionService
 from serving.quota import SequenceQuota
-from serving.profiling import ENV_PROFILE_SERVER, start_profiling, stop_profiling
+from serving.profiling import start_profiling, stop_profiling
 from serving.engine.step_receiver import StepLedger
 from serving.engine.warmup import warm_up
 
@@ -122,7 +123,7 @@ class Runtime:
 
     async def start(self) -> None:
         if self.config.profiling:  # the engine core starts its own agent (step_plugin)
-            os.environ[ENV_PROFILE_SERVER] = self.config.profiling.server_url
+            settings.export(TAILGUARD_PROFILE_SERVER, self.config.profiling.server_url)
         self.ledger.start()
         self._args = vllm_namespace(self.config.model, self.config.served_model_name,
                                     self.config.vllm_args)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import click
+
+from observe import settings as S
 
 AUTH_CHOICE = click.Choice(["auto", "always"])
 AUTH_HELP = "Ask for the console password: off loopback only (auto) or always."
@@ -31,12 +32,11 @@ def up(host, port, console_port, db, demo, demo_rate, console_auth, serve_args):
     Example: tailguard up --demo
     """
     from dashboards.console.auth import Access
-    from dashboards.console.client import ENV_TOKEN
     from tailguard.launcher import Launcher, LaunchError
     from serving.engine.embedded_model import ensure_model
 
-    if ENV_TOKEN in os.environ:  # the server would refuse it, but only after a minute
-        _usable(os.environ[ENV_TOKEN], f"${ENV_TOKEN}")
+    if S.is_set(S.TAILGUARD_ADMIN_TOKEN):  # the server would refuse it, but after a minute
+        _usable(S.get(S.TAILGUARD_ADMIN_TOKEN), f"${S.TAILGUARD_ADMIN_TOKEN}")
     click.echo(f"tailguard: embedded model at {ensure_model()}")
     launcher = Launcher(host, port, console_port, db, list(serve_args), console_auth)
     click.echo("tailguard: starting the server (engine start and warm-up take a minute)...")
@@ -82,18 +82,17 @@ def console(url, token_file, db, slo, refresh, port, host, auth, print_password)
 
     Example: tailguard console --url http://127.0.0.1:8000 --token-file tailguard.duckdb.admin-token
     """
-    from dashboards.console import client
     from dashboards.console.auth import Access, console_password
     from tailguard.launcher import console_command
 
     if slo and not db:
         raise click.UsageError("--slo goes with --db (a server judges by its own spec)")
-    env = dict(os.environ, **{client.ENV_URL: url, client.ENV_REFRESH: str(refresh),
-                              client.ENV_HOST: host, client.ENV_AUTH: auth})
+    env = S.child_environ({S.TAILGUARD_URL: url, S.TAILGUARD_CONSOLE_REFRESH_S: str(refresh),
+                           S.TAILGUARD_CONSOLE_HOST: host, S.TAILGUARD_CONSOLE_AUTH: auth})
     if token_file:
-        env[client.ENV_TOKEN_FILE] = token_file
+        env[S.TAILGUARD_ADMIN_TOKEN_FILE] = token_file
     if db:
-        env.update({client.ENV_DB: db, client.ENV_SLO: slo or ""})
+        env.update({S.TAILGUARD_CONSOLE_DB: db, S.TAILGUARD_CONSOLE_SLO: slo or ""})
     if print_password or Access(host, auth).login_required:
         password = console_password(_login_token(env))
         if print_password:
@@ -105,7 +104,7 @@ def console(url, token_file, db, slo, refresh, port, host, auth, print_password)
 
 def _login_token(env: dict[str, str]) -> str:
     """The admin token the console password comes from, held to the server's rules."""
-    from dashboards.console.client import ENV_TOKEN, ENV_TOKEN_FILE, ConsoleError, read_token
+    from dashboards.console.client import ConsoleError, read_token
 
     try:
         token = read_token(env)
@@ -114,8 +113,10 @@ def _login_token(env: dict[str, str]) -> str:
     if not token:
         raise click.UsageError(f"the console password needs the admin token (a console off "
                                f"loopback or with --auth always asks for it): set "
-                               f"${ENV_TOKEN} or --token-file")
-    return _usable(token, f"${ENV_TOKEN}" if env.get(ENV_TOKEN) else env[ENV_TOKEN_FILE])
+                               f"${S.TAILGUARD_ADMIN_TOKEN} or --token-file")
+    source = (f"${S.TAILGUARD_ADMIN_TOKEN}" if env.get(S.TAILGUARD_ADMIN_TOKEN)
+              else env[S.TAILGUARD_ADMIN_TOKEN_FILE])
+    return _usable(token, source)
 
 
 def _usable(token: str, source: str) -> str:

@@ -6,7 +6,6 @@ Streamlit process; either can be restarted alone, and Ctrl-C stops both cleanly.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,9 +15,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dashboards.console.client import ENV_AUTH, ENV_HOST, ENV_TOKEN_FILE, ENV_URL
+from observe import settings as S
 from serving.admin.auth import default_token_file
-from serving.config import ENV_ADMIN_TOKEN
 
 CONSOLE_APP = Path(__file__).resolve().parent.parent / "dashboards" / "console" / "app.py"
 READY_TIMEOUT_S = 600
@@ -44,7 +42,7 @@ class Launcher:
 
     @property
     def token_source(self) -> str:
-        return f"${ENV_ADMIN_TOKEN}" if os.environ.get(ENV_ADMIN_TOKEN) else str(
+        return f"${S.TAILGUARD_ADMIN_TOKEN}" if S.get(S.TAILGUARD_ADMIN_TOKEN) else str(
             default_token_file(self.db))
 
     def start_server(self) -> Path:
@@ -59,10 +57,10 @@ class Launcher:
     def console_env(self) -> dict[str, str]:
         """The console's environment: this server, its token, where it listens, and
         when it asks for the console password."""
-        env = dict(os.environ, **{ENV_URL: self.url, ENV_HOST: self.host,
-                                  ENV_AUTH: self.console_auth})
-        if not os.environ.get(ENV_ADMIN_TOKEN):
-            env[ENV_TOKEN_FILE] = str(default_token_file(self.db))
+        env = S.child_environ({S.TAILGUARD_URL: self.url, S.TAILGUARD_CONSOLE_HOST: self.host,
+                               S.TAILGUARD_CONSOLE_AUTH: self.console_auth})
+        if not S.get(S.TAILGUARD_ADMIN_TOKEN):
+            env[S.TAILGUARD_ADMIN_TOKEN_FILE] = str(default_token_file(self.db))
         return env
 
     def start_console(self) -> None:

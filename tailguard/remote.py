@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 
+from observe import settings
 from observe.query import QueryError, QueryResult
-from serving.config import ENV_ADMIN_TOKEN
+from observe.settings import TAILGUARD_ADMIN_TOKEN
 
 
 def admin_token(token_file: str | None) -> str:
@@ -18,9 +18,10 @@ def admin_token(token_file: str | None) -> str:
                 return f.read().strip()
         except OSError as exc:
             raise QueryError(f"cannot read token file {token_file}: {exc.strerror}")
-    token = os.environ.get(ENV_ADMIN_TOKEN)
+    token = settings.get(TAILGUARD_ADMIN_TOKEN)
     if not token:
-        raise QueryError(f"--url needs the admin token: set {ENV_ADMIN_TOKEN} or --token-file")
+        raise QueryError(f"--url needs the admin token: set {TAILGUARD_ADMIN_TOKEN} "
+                         "or --token-file")
     return token
 
 

@@ -11,12 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving.engine.allocator import (
-    ENV_TCMALLOC,
-    find_tcmalloc,
-    preload_env,
-    set_engine_env_defaults,
-)
+from observe.settings import TAILGUARD_TCMALLOC as ENV_TCMALLOC
+from serving.engine.allocator import find_tcmalloc, preload_env, set_engine_env_defaults
 
 LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 

@@ -18,6 +18,7 @@ from streamlit.testing.v1 import AppTest
 
 from dashboards.console import client
 from dashboards.console.auth import ALWAYS, AUTO, Access, console_password, is_loopback
+from observe import settings
 from tailguard.launcher import console_command
 from tests.conftest import ADMIN_TOKEN, free_port
 
@@ -101,43 +102,44 @@ def test_an_unknown_mode_is_refused_naming_the_field():
 
 @pytest.fixture
 def env(monkeypatch):
-    for name in (client.ENV_HOST, client.ENV_AUTH, client.ENV_TOKEN_FILE):
+    for name in (settings.TAILGUARD_CONSOLE_HOST, settings.TAILGUARD_CONSOLE_AUTH,
+                 settings.TAILGUARD_ADMIN_TOKEN_FILE):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(client.ENV_TOKEN, TOKEN)
+    monkeypatch.setenv(settings.TAILGUARD_ADMIN_TOKEN, TOKEN)
     return monkeypatch
 
 
 def test_streamlit_s_address_wins_over_the_environment(env):
-    env.setenv(client.ENV_HOST, "127.0.0.1")
+    env.setenv(settings.TAILGUARD_CONSOLE_HOST, "127.0.0.1")
     assert client.access("0.0.0.0") == Access("0.0.0.0", AUTO, TOKEN)
     assert client.access(None) == Access("127.0.0.1", AUTO, "")  # token not needed
-    env.delenv(client.ENV_HOST)
+    env.delenv(settings.TAILGUARD_CONSOLE_HOST)
     assert client.access(None) == Access("", AUTO, TOKEN)
 
 
 def test_the_token_comes_from_the_environment_then_the_file(env, tmp_path):
     path = tmp_path / "token"
     path.write_text("b" * 20 + "\n")
-    env.setenv(client.ENV_TOKEN_FILE, str(path))
+    env.setenv(settings.TAILGUARD_ADMIN_TOKEN_FILE, str(path))
     assert client.access("0.0.0.0").token == TOKEN
-    env.delenv(client.ENV_TOKEN)
+    env.delenv(settings.TAILGUARD_ADMIN_TOKEN)
     assert client.access("0.0.0.0").token == "b" * 20
-    env.setenv(client.ENV_TOKEN_FILE, str(tmp_path / "missing"))
+    env.setenv(settings.TAILGUARD_ADMIN_TOKEN_FILE, str(tmp_path / "missing"))
     with pytest.raises(client.ConsoleError, match="cannot read the admin token file"):
         client.access("0.0.0.0")
     assert not client.access("127.0.0.1").login_required  # loopback: the file is not read
 
 
 def test_a_bad_auth_setting_is_a_console_error(env):
-    env.setenv(client.ENV_AUTH, "never")
+    env.setenv(settings.TAILGUARD_CONSOLE_AUTH, "never")
     with pytest.raises(client.ConsoleError, match=r"\$TAILGUARD_CONSOLE_AUTH: mode"):
         client.access("127.0.0.1")
 
 
 def test_an_exposed_console_with_no_token_shows_only_why(env):
-    env.delenv(client.ENV_TOKEN)
-    env.setenv(client.ENV_HOST, "0.0.0.0")
-    env.setenv(client.ENV_URL, f"http://127.0.0.1:{free_port()}")
+    env.delenv(settings.TAILGUARD_ADMIN_TOKEN)
+    env.setenv(settings.TAILGUARD_CONSOLE_HOST, "0.0.0.0")
+    env.setenv(settings.TAILGUARD_URL, f"http://127.0.0.1:{free_port()}")
     app = AppTest.from_file(APP, default_timeout=60)
     app.run()
     assert not app.exception, app.exception
@@ -158,10 +160,10 @@ def test_the_console_runs_with_xsrf_protection_and_cors_checks_on():
 
 
 def tailguard(*args: str, token: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in (client.ENV_TOKEN,
-                                                            client.ENV_TOKEN_FILE)}
+    env = {k: v for k, v in os.environ.items() if k not in (settings.TAILGUARD_ADMIN_TOKEN,
+                                                            settings.TAILGUARD_ADMIN_TOKEN_FILE)}
     if token is not None:
-        env[client.ENV_TOKEN] = token
+        env[settings.TAILGUARD_ADMIN_TOKEN] = token
     return subprocess.run([sys.executable, "-m", "tailguard", *args], capture_output=True,
                           text=True, timeout=120, env=env)
 

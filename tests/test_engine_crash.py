@@ -34,6 +34,7 @@ import httpx
 import psutil
 import pytest
 
+from observe.settings import TAILGUARD_ENGINE_HANG_S
 from observe.stats import RequestRecord, WallClock
 from serving.engine import observed as E
 from serving.engine import failures as F
@@ -122,11 +123,11 @@ def test_watchdog_trips_only_when_the_engine_owes_output_and_makes_no_progress()
 
 
 def test_hang_timeout_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(F.ENV_ENGINE_HANG_S, raising=False)
+    monkeypatch.delenv(TAILGUARD_ENGINE_HANG_S, raising=False)
     assert F.engine_hang_s() == F.DEFAULT_ENGINE_HANG_S
     for raw, want in (("7", 7.0), ("0.5", 0.5), ("0", 0.0), ("abc", F.DEFAULT_ENGINE_HANG_S),
                       ("-1", F.DEFAULT_ENGINE_HANG_S), ("nan", F.DEFAULT_ENGINE_HANG_S)):
-        monkeypatch.setenv(F.ENV_ENGINE_HANG_S, raw)
+        monkeypatch.setenv(TAILGUARD_ENGINE_HANG_S, raw)
         assert F.engine_hang_s() == want, raw
 
 

@@ -18,10 +18,6 @@ from observe import registry as R
 from observe.metrics import RequestMetrics
 from observe.otlp import (
     DEFAULT_EXPORT_INTERVAL_S,
-    ENV_ENDPOINT,
-    ENV_EXPORT_INTERVAL_MS,
-    ENV_HEADERS,
-    ENV_PROTOCOL,
     PROTOCOL_GRPC,
     PROTOCOL_HTTP,
     OtlpConfig,
@@ -29,6 +25,10 @@ from observe.otlp import (
     create_otlp_span_processor,
     otlp_config_from,
 )
+from observe.settings import OTEL_EXPORTER_OTLP_ENDPOINT as ENV_ENDPOINT
+from observe.settings import OTEL_EXPORTER_OTLP_HEADERS as ENV_HEADERS
+from observe.settings import OTEL_EXPORTER_OTLP_PROTOCOL as ENV_PROTOCOL
+from observe.settings import OTEL_METRIC_EXPORT_INTERVAL as ENV_EXPORT_INTERVAL_MS
 from observe.stats import EngineSnapshot, WallClock
 from observe.tracing import RequestSpans, create_tracer_provider
 from tests.conftest import free_port

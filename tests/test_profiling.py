@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from observe.settings import TAILGUARD_PROFILE_SERVER as ENV_PROFILE_SERVER
 from serving.profiling import (
-    ENV_PROFILE_SERVER,
     PHASE_DECODE,
     PHASE_MIXED,
     PHASE_PREFILL,

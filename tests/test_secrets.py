@@ -26,8 +26,8 @@ import duckdb
 import httpx
 import pytest
 
+from observe.settings import TAILGUARD_ADMIN_TOKEN as ENV_ADMIN_TOKEN
 from serving.admin.auth import default_token_file
-from serving.config import ENV_ADMIN_TOKEN
 from tests.conftest import Server, _wait_ready, free_port
 
 MODEL = "tailguard-tiny-llama"

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from observe.settings import TAILGUARD_STEP_SOCKET as ENV_STEP_SOCKET
 from observe.stats import StepRecord
 from serving.engine.stats import EngineSecond
-from serving.engine.step_plugin import ENV_STEP_SOCKET, StepSender
+from serving.engine.step_plugin import StepSender
 from serving.engine.step_receiver import StepLedger, external_id
 
 

@@ -13,7 +13,8 @@ import streamlit as st
 
 from dashboards.console import common
 from dashboards.console.auth import Access
-from dashboards.console.client import ENV_TOKEN, ConsoleError, access, connect
+from dashboards.console.client import ConsoleError, access, connect
+from observe.settings import TAILGUARD_ADMIN_TOKEN
 
 PAGES = (("views/overview.py", "Overview", ":material/monitor_heart:"),
          ("views/latency.py", "Latency", ":material/timer:"),
@@ -22,7 +23,7 @@ PAGES = (("views/overview.py", "Overview", ":material/monitor_heart:"),
          ("views/policies.py", "Policies", ":material/tune:"))
 SESSION_KEY, PASSWORD_KEY, FAILED_KEY = "console_session", "console_password", "login_failed"
 NO_TOKEN = (f"This console is reachable beyond this machine and has no admin token to "
-            f"check a password against: set ${ENV_TOKEN} or --token-file.")
+            f"check a password against: set ${TAILGUARD_ADMIN_TOKEN} or --token-file.")
 WRONG = "Wrong password."
 
 

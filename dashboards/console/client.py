@@ -9,22 +9,23 @@ Both raise `ConsoleError` with a message for the operator, never a traceback.
 from __future__ import annotations
 
 import json
-import os
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dashboards.console.auth import AUTO, Access
+from observe import settings
+from observe.settings import (
+    TAILGUARD_ADMIN_TOKEN,
+    TAILGUARD_ADMIN_TOKEN_FILE,
+    TAILGUARD_CONSOLE_AUTH,
+    TAILGUARD_CONSOLE_DB,
+    TAILGUARD_CONSOLE_HOST,
+    TAILGUARD_CONSOLE_SLO,
+    TAILGUARD_URL,
+)
 
-ENV_URL = "TAILGUARD_URL"
-ENV_TOKEN = "TAILGUARD_ADMIN_TOKEN"
-ENV_TOKEN_FILE = "TAILGUARD_ADMIN_TOKEN_FILE"
-ENV_DB = "TAILGUARD_CONSOLE_DB"
-ENV_SLO = "TAILGUARD_CONSOLE_SLO"
-ENV_REFRESH = "TAILGUARD_CONSOLE_REFRESH_S"
-ENV_HOST = "TAILGUARD_CONSOLE_HOST"  # where the console listens, if Streamlit's option is unset
-ENV_AUTH = "TAILGUARD_CONSOLE_AUTH"  # auto (login off loopback) | always
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -47,7 +48,7 @@ class AdminClient:
 
     @classmethod
     def from_env(cls) -> "AdminClient":
-        return cls(os.environ.get(ENV_URL, DEFAULT_URL).rstrip("/"), read_token())
+        return cls(settings.get(TAILGUARD_URL, DEFAULT_URL).rstrip("/"), read_token())
 
     @property
     def where(self) -> str:
@@ -65,7 +66,7 @@ class AdminClient:
         except urllib.error.HTTPError as exc:
             if exc.code == 401:
                 raise ConsoleError("the server refused the admin token (401): check "
-                                   f"{ENV_TOKEN} or --token-file") from None
+                                   f"{TAILGUARD_ADMIN_TOKEN} or --token-file") from None
             raise ConsoleError(_message(exc)) from None
         except (urllib.error.URLError, OSError) as exc:
             raise ConsoleError(f"the server at {self.url} is not reachable "
@@ -132,10 +133,12 @@ class TraceFile:
             raise ConsoleError(str(exc)) from None
 
 
-def read_token(env: Mapping[str, str] = os.environ) -> str:
+def read_token(env: Mapping[str, str] | None = None) -> str:
     """The admin token: `$TAILGUARD_ADMIN_TOKEN`, else the file `$..._FILE` names; "" if
-    neither. ConsoleError if the file cannot be read."""
-    token, path = env.get(ENV_TOKEN, ""), env.get(ENV_TOKEN_FILE)
+    neither. ConsoleError if the file cannot be read. `env`: a child's environment to
+    read instead of this process's."""
+    token = settings.get(TAILGUARD_ADMIN_TOKEN, "", env)
+    path = settings.get(TAILGUARD_ADMIN_TOKEN_FILE, None, env)
     if not token and path:
         try:
             with open(path) as f:
@@ -149,18 +152,19 @@ def read_token(env: Mapping[str, str] = os.environ) -> str:
 def access(bound_host: str | None) -> Access:
     """The access rule for a console listening on `bound_host` (Streamlit's
     server.address; `$TAILGUARD_CONSOLE_HOST` when that is unset, "" = everywhere)."""
-    host = bound_host or os.environ.get(ENV_HOST, "")
+    host = bound_host or settings.get(TAILGUARD_CONSOLE_HOST, "")
     try:
-        rule = Access(host, os.environ.get(ENV_AUTH) or AUTO)
+        rule = Access(host, settings.text(TAILGUARD_CONSOLE_AUTH, AUTO))
     except ValueError as exc:
-        raise ConsoleError(f"${ENV_AUTH}: {exc}") from None
+        raise ConsoleError(f"${TAILGUARD_CONSOLE_AUTH}: {exc}") from None
     return Access(rule.host, rule.mode, read_token()) if rule.login_required else rule
 
 
 def connect() -> AdminClient | TraceFile:
     """The source the launcher chose: a trace file if one was given, else the server."""
-    if os.environ.get(ENV_DB):
-        return TraceFile(os.environ[ENV_DB], os.environ.get(ENV_SLO) or None)
+    trace_file = settings.text(TAILGUARD_CONSOLE_DB)
+    if trace_file:
+        return TraceFile(trace_file, settings.text(TAILGUARD_CONSOLE_SLO))
     return AdminClient.from_env()
 
 

@@ -3,19 +3,19 @@ and how errors and empty panels are shown."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import streamlit as st
 
 from dashboards.console.client import (
-    ENV_REFRESH,
     AdminClient,
     ConsoleError,
     TraceFile,
     connect,
 )
 from dashboards.console.queries import WINDOWS
+from observe import settings
+from observe.settings import TAILGUARD_CONSOLE_REFRESH_S
 
 DEFAULT_REFRESH_S = 5
 WINDOW_KEY, REFRESH_KEY = "window", "refresh_s"
@@ -24,10 +24,8 @@ Source = AdminClient | TraceFile
 
 
 def default_refresh_s() -> int:
-    try:
-        return max(0, min(300, int(os.environ.get(ENV_REFRESH, DEFAULT_REFRESH_S))))
-    except ValueError:
-        return DEFAULT_REFRESH_S
+    refresh_s = settings.number_or_default(TAILGUARD_CONSOLE_REFRESH_S, DEFAULT_REFRESH_S, int)
+    return max(0, min(300, refresh_s))
 
 
 def source() -> Source | None:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request
 
-from serving.config import ENV_ADMIN_TOKEN
+from observe import settings
+from observe.settings import TAILGUARD_ADMIN_TOKEN
 from serving.errors import ApiError
 
 log = logging.getLogger("tailguard")
@@ -38,8 +39,8 @@ def default_token_file(db: str) -> Path:
 
 def resolve_admin_token(db: str, token_file: str | None) -> tuple[str, str]:
     """(token, where it came from); AdminTokenError for an unusable token."""
-    if ENV_ADMIN_TOKEN in os.environ:  # set, even if empty: an empty one is a mistake
-        return usable_token(os.environ[ENV_ADMIN_TOKEN], f"${ENV_ADMIN_TOKEN}")
+    if settings.is_set(TAILGUARD_ADMIN_TOKEN):  # set, even if empty: empty is a mistake
+        return usable_token(settings.get(TAILGUARD_ADMIN_TOKEN), f"${TAILGUARD_ADMIN_TOKEN}")
     path = Path(token_file) if token_file else default_token_file(db)
     if path.is_file():
         try:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,10 +24,11 @@ import duckdb
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
+from observe import settings
 from observe.query import QueryError, plain
+from observe.settings import TAILGUARD_ADMIN_QUERY_SLOTS
 from serving.errors import ApiError
 
-ENV_QUERY_SLOTS: Final = "TAILGUARD_ADMIN_QUERY_SLOTS"
 DEFAULT_QUERY_SLOTS: Final = 2
 DEFAULT_QUERY_ROWS: Final = 10_000
 MAX_QUERY_ROWS: Final = 100_000
@@ -48,11 +48,8 @@ class AdminQueryConfig:
 
     def __post_init__(self) -> None:
         if self.slots is None:
-            raw = os.environ.get(ENV_QUERY_SLOTS, "") or str(DEFAULT_QUERY_SLOTS)
-            try:
-                self.slots = int(raw)
-            except ValueError:
-                raise ValueError(f"{ENV_QUERY_SLOTS} must be an integer, got {raw!r}") from None
+            self.slots = settings.number(TAILGUARD_ADMIN_QUERY_SLOTS, DEFAULT_QUERY_SLOTS, int,
+                                         complaint="{name} must be an integer, got {raw!r}")
         if self.slots < 1:
             raise ValueError(f"slots must be >= 1, got {self.slots}")
         if not self.timeout_s > 0:

@@ -20,12 +20,14 @@ import os
 import sys
 from collections.abc import Mapping
 
-ENV_TCMALLOC = "TAILGUARD_TCMALLOC"
+from observe import settings
+from observe.settings import LD_PRELOAD, ONEDNN_PRIMITIVE_CACHE_CAPACITY, TAILGUARD_TCMALLOC
+
 # What Debian's libtcmalloc-minimal4 installs, then other common places.
 TCMALLOC_GLOBS = ("/usr/lib/*-linux-gnu/libtcmalloc_minimal.so.4",
                   "/usr/lib64/libtcmalloc_minimal.so.4", "/usr/lib/libtcmalloc_minimal.so.4")
 # Applied with setdefault before the engine starts: an operator's value wins.
-ENGINE_ENV_DEFAULTS = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"}
+ENGINE_ENV_DEFAULTS = {ONEDNN_PRIMITIVE_CACHE_CAPACITY: "0"}
 
 
 def find_tcmalloc() -> str | None:
@@ -39,14 +41,13 @@ def find_tcmalloc() -> str | None:
 def preload_env(environ: Mapping[str, str], library: str | None) -> dict[str, str] | None:
     """The environment to re-execute with, or None when no re-exec is wanted:
     no library, switched off, or some tcmalloc already preloaded (no loop)."""
-    switched_off = environ.get(ENV_TCMALLOC, "1").strip().lower() in ("0", "false", "no", "off")
-    if library is None or switched_off:
+    if library is None or not settings.flag(TAILGUARD_TCMALLOC, True, environ):
         return None
-    current = environ.get("LD_PRELOAD", "")
+    current = settings.get(LD_PRELOAD, "", environ)
     if "libtcmalloc" in current:
         return None
     env = dict(environ)
-    env["LD_PRELOAD"] = f"{library}:{current}" if current else library
+    env[LD_PRELOAD] = f"{library}:{current}" if current else library
     return env
 
 
@@ -54,7 +55,7 @@ def reexec_with_tcmalloc(argv: list[str]) -> None:
     """Replace this process by itself with tcmalloc preloaded (same pid, so whoever
     started it keeps its handle). Returns only when nothing is to be done."""
     library = find_tcmalloc()
-    env = preload_env(os.environ, library)
+    env = preload_env(settings.snapshot(), library)
     if env is None:  # vLLM's worker logs a warning when tcmalloc is missing
         return
     sys.stdout.flush()
@@ -63,5 +64,4 @@ def reexec_with_tcmalloc(argv: list[str]) -> None:
 
 
 def set_engine_env_defaults() -> None:
-    for key, value in ENGINE_ENV_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    settings.set_defaults(ENGINE_ENV_DEFAULTS)

@@ -9,14 +9,14 @@ The build is cached: a finished directory carries a stamp and is reused at once.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sysconfig
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ENV_HOME = "TAILGUARD_HOME"
+from observe import settings
+
 STAMP_FILE = "tailguard-model.json"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -50,7 +50,7 @@ class TinyLlamaSpec:
 
 def default_model_dir(spec: TinyLlamaSpec = TinyLlamaSpec()) -> Path:
     """`$TAILGUARD_HOME/models/tiny-llama-v{N}`, `~/.cache/tailguard` by default."""
-    home = os.environ.get(ENV_HOME) or Path.home() / ".cache" / "tailguard"
+    home = settings.text(settings.TAILGUARD_HOME) or Path.home() / ".cache" / "tailguard"
     return Path(home) / "models" / f"tiny-llama-v{spec.version}"
 
 

@@ -4,16 +4,12 @@ in `serving/engine/observed.py` detects them)."""
 
 from __future__ import annotations
 
-import logging
-import os
-
+from observe import settings
+from observe.settings import TAILGUARD_ENGINE_HANG_S
 from serving.errors import ApiError
-
-log = logging.getLogger("tailguard")
 
 # The engine watchdog: requests in flight and no engine step (nor output) for this
 # long means the engine core is hung. 0 turns the watchdog off.
-ENV_ENGINE_HANG_S = "TAILGUARD_ENGINE_HANG_S"
 DEFAULT_ENGINE_HANG_S = 60.0  # longer than any first-use kernel compile seen here
 ENGINE_DEAD = "engine_dead"
 ENGINE_HUNG = "engine_hung"
@@ -23,17 +19,9 @@ RETRY_AFTER_S = 10
 
 def engine_hang_s() -> float:
     """The watchdog's timeout: `TAILGUARD_ENGINE_HANG_S`, else the default."""
-    raw = os.environ.get(ENV_ENGINE_HANG_S, "").strip()
-    if not raw:
-        return DEFAULT_ENGINE_HANG_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:  # also rejects NaN
-        log.warning("ignoring %s=%r (want seconds >= 0)", ENV_ENGINE_HANG_S, raw)
-        return DEFAULT_ENGINE_HANG_S
-    return value
+    return settings.number_or_default(TAILGUARD_ENGINE_HANG_S, DEFAULT_ENGINE_HANG_S,
+                                      valid=lambda value: value >= 0,  # also rejects NaN
+                                      want="seconds >= 0")
 
 
 def engine_fault_error(fault: str, hang_s: float = 0.0) -> ApiError:

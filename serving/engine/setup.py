@@ -17,18 +17,20 @@ on a small box, twice: the engine core, then its worker):
 from __future__ import annotations
 
 import multiprocessing
-import os
 from argparse import Namespace
 
+from observe import settings
+from observe.settings import (TORCH_COMPILE_DISABLE, VLLM_CPU_KVCACHE_SPACE,
+                              VLLM_WORKER_MULTIPROC_METHOD)
 from serving.engine.allocator import set_engine_env_defaults
 
 # Defaults that make a CPU box start in seconds; every one can be overridden by
 # passing the vLLM flag explicitly.
-CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+CPU_ENV_DEFAULTS = {VLLM_CPU_KVCACHE_SPACE: "1"}
 DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni")
 # With --enforce-eager: torch.compile off in the engine processes too (an operator's
 # value wins).
-EAGER_ENV_DEFAULTS = {"TORCH_COMPILE_DISABLE": "1"}
+EAGER_ENV_DEFAULTS = {TORCH_COMPILE_DISABLE: "1"}
 # What the engine-core fork server imports once (what a spawned engine core imports).
 FORKSERVER_PRELOAD = ("vllm.v1.engine.core",)
 
@@ -51,11 +53,9 @@ def start_engine(args: Namespace, stat_loggers: list) -> object:
     # vLLM's CPU platform lets this legacy variable override an explicit
     # --kv-cache-memory-bytes, so it is only a default when that flag is absent.
     if getattr(args, "kv_cache_memory_bytes", None) is None:
-        for key, value in CPU_ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        settings.set_defaults(CPU_ENV_DEFAULTS)
     if getattr(args, "enforce_eager", False):
-        for key, value in EAGER_ENV_DEFAULTS.items():
-            os.environ.setdefault(key, value)
+        settings.set_defaults(EAGER_ENV_DEFAULTS)
     set_engine_env_defaults()
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.usage.usage_lib import UsageContext
@@ -77,7 +77,7 @@ def _fork_engine_core(config) -> None:
     from vllm.v1.engine import utils as engine_utils
 
     parallel = config.parallel_config
-    if (os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "spawn" or parallel.numa_bind
+    if (settings.get(VLLM_WORKER_MULTIPROC_METHOD) != "spawn" or parallel.numa_bind
             or parallel.data_parallel_size > 1):
         return
     vllm_context = getattr(engine_utils.get_mp_context, "vllm_context",
@@ -106,7 +106,7 @@ class EnvCarryingContext:
         self._context = context
 
     def Process(self, *args, target=None, kwargs=None, **process_kwargs):  # noqa: N802
-        carried = {"environ": dict(os.environ), "target": target, "kwargs": kwargs or {}}
+        carried = {"environ": settings.snapshot(), "target": target, "kwargs": kwargs or {}}
         return self._context.Process(*args, target=run_with_environ, kwargs=carried,
                                      **process_kwargs)
 
@@ -117,11 +117,7 @@ class EnvCarryingContext:
 def run_with_environ(environ: dict, target, kwargs: dict):
     """Runs in the forked child: take the parent's environment, then the target."""
     _prepare_process_title()
-    for key in set(os.environ) - set(environ):
-        del os.environ[key]
-    for key, value in environ.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
+    settings.replace_all(environ)
     return target(**kwargs)
 
 

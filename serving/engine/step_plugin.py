@@ -16,13 +16,13 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import os
 import socket
 import time
 from contextlib import nullcontext
 
-ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"
-ENV_PROFILE_SERVER = "TAILGUARD_PROFILE_SERVER"  # serving.profiling's; not imported here
+from observe import settings  # stdlib only: cheap in every engine process
+from observe.settings import TAILGUARD_PROFILE_SERVER, TAILGUARD_STEP_SOCKET
+
 _PATCHED_FLAG = "_tailguard_step_probe"
 
 
@@ -140,8 +140,8 @@ def _start_engine_profiling(runner) -> bool:
 
 def register() -> None:
     """vLLM `general_plugins` entry point; may run several times per process."""
-    path = os.environ.get(ENV_STEP_SOCKET)
-    if not path and not os.environ.get(ENV_PROFILE_SERVER):
+    path = settings.get(TAILGUARD_STEP_SOCKET)
+    if not path and not settings.get(TAILGUARD_PROFILE_SERVER):
         return
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 

@@ -20,8 +20,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from observe import settings
+from observe.settings import TAILGUARD_STEP_SOCKET
 from observe.stats import SamplingTally, StepRecord
-from serving.engine.step_plugin import ENV_STEP_SOCKET
 
 log = logging.getLogger(__name__)
 INTERNAL_SUFFIX_LEN = 9  # vLLM makes internal ids as f"{external}-{uuid8}"
@@ -53,7 +54,7 @@ class StepLedger:
 
     def start(self) -> "StepLedger":
         """Export the socket path to the engine processes, then start polling."""
-        os.environ[ENV_STEP_SOCKET] = self.path
+        settings.export(TAILGUARD_STEP_SOCKET, self.path)
         self._thread.start()
         return self
 
@@ -131,8 +132,7 @@ class StepLedger:
         self.drain()
         self._publish()
         self._sock.close()
-        if os.environ.get(ENV_STEP_SOCKET) == self.path:
-            del os.environ[ENV_STEP_SOCKET]
+        settings.withdraw(TAILGUARD_STEP_SOCKET, self.path)
         for path in (self.path, self._dir):
             try:
                 os.remove(path) if path == self.path else os.rmdir(path)
