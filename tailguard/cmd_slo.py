@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
@@ -32,35 +31,12 @@ def status(db, url, token_file, slo_file, groups, fmt):
     from observe.query import QueryError
     from slo.report import format_status
     from slo.spec import SpecError
+    from tailguard.clitools import TraceSource
 
-    if bool(db) == bool(url):
-        raise click.UsageError("give exactly one of --db FILE or --url URL")
+    source = TraceSource.pick(token_file, db=db, url=url)
     try:
-        data = _from_file(db, slo_file) if db else _from_server(url, token_file)
+        data = source.slo_status(slo_file)
     except (QueryError, SpecError) as exc:
         raise click.UsageError(str(exc))
     out = json.dumps(data, indent=1) + "\n" if fmt == "json" else format_status(data, groups)
     sys.stdout.write(out)
-
-
-def _from_file(db: str, slo_file: str | None) -> dict:
-    from observe.query import QueryError, query_file
-    from slo.budget import compute_status
-    from slo.report import status_to_dict
-    from slo.loading import load_spec
-
-    spec = load_spec(slo_file)
-    if not os.path.exists(db):
-        raise QueryError(f"no such trace log: {db}")
-
-    def query(sql: str):
-        result = query_file(db, sql, max_rows=100_000, timeout_s=60)
-        return result.columns, result.rows
-
-    return status_to_dict(compute_status(query, spec))
-
-
-def _from_server(url: str, token_file: str | None) -> dict:
-    from tailguard.remote import admin_token, post_admin
-
-    return post_admin(url, "/admin/slo", None, admin_token(token_file))

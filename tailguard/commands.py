@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from datetime import datetime, timezone
 
 import click
 
-from tailguard.clitools import one_line
+from tailguard.clitools import TraceSource, one_line
 
 EMBEDDED_NAME = "tailguard-tiny-llama"
 
@@ -142,25 +141,10 @@ def query(db, url, archive, token_file, fmt, max_rows, sql):
     """
     from observe.query import QueryError, format_result
 
-    if [bool(db), bool(url), bool(archive)].count(True) != 1:
-        raise click.UsageError("give exactly one of --db FILE, --url URL or --archive DIR")
+    source = TraceSource.pick(token_file, db=db, url=url, archive=archive)
     try:
-        if archive:
-            from observe.archive import query_archive
-
-            if not os.path.isdir(archive):
-                raise click.UsageError(f"no such archive directory: {archive}")
-            result = query_archive(archive, sql, max_rows=max_rows)
-        elif db:
-            from observe.query import query_file
-
-            if not os.path.exists(db):
-                raise click.UsageError(f"no such trace log: {db}")
-            result = query_file(db, sql, max_rows=max_rows)
-        else:
-            from tailguard.remote import query_url
-
-            result = query_url(url, sql, token_file, max_rows)
+        source.check_exists()
+        result = source.query(sql, max_rows=max_rows)
     except QueryError as exc:
         raise click.UsageError(one_line(exc))
     sys.stdout.write(format_result(result, fmt))

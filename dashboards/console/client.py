@@ -118,17 +118,14 @@ class TraceFile:
         return _frame({"columns": result.columns, "rows": result.rows})
 
     def slo(self) -> dict:
-        from observe.query import QueryError, query_file
-        from slo.budget import compute_status
-        from slo.report import status_to_dict
-        from slo.loading import load_spec
+        from functools import partial
 
-        def run(sql: str):
-            result = query_file(self.path, sql, max_rows=100_000)
-            return result.columns, result.rows
+        from observe.query import QueryError, query_file
+        from slo.loading import load_spec
+        from slo.report import slo_status
 
         try:
-            return status_to_dict(compute_status(run, load_spec(self.slo_path)))
+            return slo_status(partial(query_file, self.path), load_spec(self.slo_path))
         except (QueryError, ValueError) as exc:
             raise ConsoleError(str(exc)) from None
 

@@ -81,16 +81,10 @@ def create_admin_router(runtime) -> APIRouter:
 
 
 def _slo_status(runtime) -> dict:
-    from slo.budget import compute_status
-    from slo.report import status_to_dict
+    from slo.report import slo_status
 
-    runtime.tracelog.flush()
-
-    def query(sql: str):
-        result = runtime.tracelog.query(sql, max_rows=100_000)
-        return result.columns, result.rows
-
-    return status_to_dict(compute_status(query, runtime.config.spec))
+    runtime.tracelog.flush()  # judge every request answered so far
+    return slo_status(runtime.tracelog.query, runtime.config.spec)
 
 
 def jsonable(value):
