@@ -13,16 +13,15 @@ row behind and a retry duplicates nothing. Rows kept count against
 a long outage is its oldest rows. A batch DuckDB refuses for its content is dropped.
 `dropped` counts only rows lost for good: refused by `add()`, refused for content, or
 still unwritten at `close()`.
+
+The configuration and how the file is opened: observe/tracelog_setup.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import re
 import threading
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Final, TypeVar
@@ -31,51 +30,18 @@ import duckdb
 import pyarrow as pa
 
 from observe.query import QueryError, QueryResult, fetch_rows, run_read_only
-from observe.schema import TABLES, TableSpec, arrow_batches, create_schema
+from observe.schema import TABLES, TableSpec, arrow_batches
+from observe.tracelog_setup import BATCH_VIEW, TraceLogConfig, insert_sql, open_writer
 
-FLUSH_INTERVAL_ENV: Final = "TAILGUARD_TRACE_FLUSH_S"
-DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
-# DuckDB's default memory limit is 80% of RAM, and its buffer cache keeps the blocks
-# of a growing file: the server's RSS grew with the trace log (+25 MiB in a 10-minute
-# soak, without end). Cached blocks above the limit are evicted; big queries spill.
-MEMORY_LIMIT_ENV: Final = "TAILGUARD_TRACE_MEMORY"
-DEFAULT_MEMORY_LIMIT: Final = "512MB"
-_MEMORY_LIMIT = re.compile(r"\d+(\.\d+)?\s*(B|[KMGT]i?B)", re.IGNORECASE)
 # Rows per Arrow conversion call: the flush thread holds the GIL inside each call,
 # so this bounds how long it can stall the event loop (~2 ms for timestamps).
 CONVERT_CHUNK_ROWS: Final = 8192
-_BATCH_VIEW: Final = "__tailguard_batch"
 # What a retry may cure (IOException, TransactionException on commit, OutOfMemory...);
 # anything else (a value DuckDB refuses) would fail the same way every time.
 _RETRYABLE: Final = (duckdb.OperationalError,)
 T = TypeVar("T")
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class TraceLogConfig:
-    flush_interval_s: float | None = None  # None: $TAILGUARD_TRACE_FLUSH_S, else 1.0
-    max_buffer_rows: int = 50_000  # one table's buffer this full wakes the flusher
-    max_pending_rows: int = 1_000_000  # buffered + kept this many: new rows are dropped
-    memory_limit: str | None = None  # None: $TAILGUARD_TRACE_MEMORY, else 512MB
-
-    def __post_init__(self) -> None:
-        if self.memory_limit is None:
-            self.memory_limit = os.environ.get(MEMORY_LIMIT_ENV, DEFAULT_MEMORY_LIMIT)
-        self.memory_limit = self.memory_limit.strip()
-        if not _MEMORY_LIMIT.fullmatch(self.memory_limit):
-            raise ValueError(f"trace-log memory limit must look like 512MB or 2GiB, "
-                             f"got {self.memory_limit!r}")
-        if self.flush_interval_s is None:
-            raw = os.environ.get(FLUSH_INTERVAL_ENV, str(DEFAULT_FLUSH_INTERVAL_S))
-            try:
-                self.flush_interval_s = float(raw)
-            except ValueError:
-                raise ValueError(f"{FLUSH_INTERVAL_ENV} must be a number, got {raw!r}") from None
-        for name in ("flush_interval_s", "max_buffer_rows", "max_pending_rows"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 
 
 class _TableBuffer:
@@ -107,12 +73,12 @@ class TraceLog:
         self.path = str(path)
         self.config = TraceLogConfig(flush_interval_s, max_buffer_rows, max_pending_rows,
                                      memory_limit)
-        self._conn = _open_writer(self.path, self.config.memory_limit)
+        self._conn = open_writer(self.path, self.config.memory_limit)
         self._reader = self._conn.cursor()  # query() cursors hang off this one
         self._buffers = {name: _TableBuffer(spec) for name, spec in TABLES.items()}
         # Batches taken from a buffer and not written yet, oldest first (flush thread only).
         self._kept: dict[str, list[tuple[dict[str, list], int]]] = {n: [] for n in TABLES}
-        self._insert_sql = {name: _insert_sql(spec) for name, spec in TABLES.items()}
+        self._insert_sql = {name: insert_sql(spec) for name, spec in TABLES.items()}
         self._lock = threading.Lock()  # buffers and counters
         self._flush_lock = threading.Lock()  # the writer connection
         self._reader_lock = threading.Lock()
@@ -184,11 +150,11 @@ class TraceLog:
             # converted, and the whole batch is never in memory twice.
             batches = arrow_batches(spec, columns, rows, CONVERT_CHUNK_ROWS)
             stream = pa.RecordBatchReader.from_batches(spec.arrow_schema, batches)
-            self._conn.register(_BATCH_VIEW, stream)
+            self._conn.register(BATCH_VIEW, stream)
             try:
                 self._conn.execute(self._insert_sql[spec.name])
             finally:
-                self._conn.unregister(_BATCH_VIEW)
+                self._conn.unregister(BATCH_VIEW)
         except _RETRYABLE as exc:  # disk full, file too large, read-only: keep the rows
             self._log_failure(exc, "keeping rows in memory until it recovers")
             return False
@@ -291,23 +257,3 @@ class TraceLog:
             return run_read_only(cursor, sql, params, timeout_s, consume)
         finally:
             cursor.close()
-
-
-def _open_writer(path: str, memory_limit: str) -> duckdb.DuckDBPyConnection:
-    conn = duckdb.connect(path, config={"memory_limit": memory_limit})
-    create_schema(conn)
-    # Every query session computes dates in UTC, whatever the server's local zone.
-    conn.execute("SET GLOBAL TimeZone = 'UTC'")
-    conn.execute("SET enable_external_access = false")  # SQL cannot read files or URLs
-    conn.execute("SET lock_configuration = true")  # ... nor switch it back on
-    return conn
-
-
-def _insert_sql(spec: TableSpec) -> str:
-    """INSERT by name (a migrated file has added columns at the end, not in our order)."""
-    json_columns = spec.columns_of_type("JSON")
-    # Invalid JSON text is stored as a JSON string rather than failing the batch.
-    select = [f"CASE WHEN json_valid({c}) THEN {c}::JSON ELSE to_json({c}) END"
-              if c in json_columns else c for c in spec.column_names]
-    return (f"INSERT INTO {spec.name} ({', '.join(spec.column_names)}) "
-            f"SELECT {', '.join(select)} FROM {_BATCH_VIEW}")

@@ -22,13 +22,10 @@ from observe.query import (
     query_file,
 )
 from observe.schema import REQUESTS, TABLES, create_schema
-from observe.tracelog import (
-    DEFAULT_MEMORY_LIMIT,
-    FLUSH_INTERVAL_ENV,
-    MEMORY_LIMIT_ENV,
-    TraceLog,
-    TraceLogConfig,
-)
+from observe.settings import TAILGUARD_TRACE_FLUSH_S as FLUSH_INTERVAL_ENV
+from observe.settings import TAILGUARD_TRACE_MEMORY as MEMORY_LIMIT_ENV
+from observe.tracelog import TraceLog
+from observe.tracelog_setup import DEFAULT_MEMORY_LIMIT, TraceLogConfig
 
 UTC = timezone.utc
 ARRIVAL = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
