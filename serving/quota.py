@@ -38,7 +38,7 @@ class SequenceQuota:
     def __init__(self, max_sequences: int, max_client_sequences: int):
         self.max_sequences = max_sequences
         self.max_client_sequences = max_client_sequences
-        self._held: dict[int, tuple[str, int]] = {}  # id(record) -> (client, sequences)
+        self._held: dict[str, tuple[str, int]] = {}  # request id -> (client, sequences)
         self._by_client: dict[str, int] = {}
 
     def take(self, rec, client: str, request) -> None:
@@ -55,10 +55,10 @@ class SequenceQuota:
                            f"{self.max_client_sequences} are allowed at once",
                            headers={"Retry-After": str(CLIENT_RETRY_AFTER_S)})
         self._by_client[client] = in_flight + count
-        self._held[id(rec)] = (client, count)
+        self._held[rec.request_id] = (client, count)
 
     def release(self, rec) -> None:
-        held = self._held.pop(id(rec), None)
+        held = self._held.pop(rec.request_id, None)
         if held is None:
             return
         client, count = held
