@@ -88,7 +88,6 @@ class RequestRecord:
     prediction: LatencyPrediction | None = None
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
-    refusal: Exception | None = None  # set when admission refused it inside vLLM's path
 
     @property
     def context_bucket(self) -> str:

@@ -6,16 +6,18 @@ Two points, because what is known grows on the way in:
 - `admit` (tokenized, just before the engine): the load it meets and its predicted
   latency, truncation, the predicted-miss lane change or shed, then the concurrency
   limiter (realtime lane before batch) and any injected fault.
-Each decision lands in the record's `policy_actions` (its span and row).
+Each decision lands in the record's `policy_actions` (its span and row); a refusal
+comes back as a `Refusal` value, which the HTTP layer answers (`serving.errors`).
+The policy loop hands admission its decisions through `publish()`.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from observe import registry as R
 from observe.record import RequestRecord
-from serving.errors import ApiError
 from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter, LimiterTimeout
 from serving.engine.load import LoadTracker
@@ -23,14 +25,28 @@ from serving.guard.live_predictor import PredictionService
 from slo.policy.decisions import Decisions
 
 
-class Refused(Exception):
-    """Raised inside vLLM's call path; the HTTP layer answers with `rec.refusal`."""
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Admission's no: why (the row's error type: `shed`, `engine_restarting`,
+    `admission_timeout`), what to tell the client, and when it may come back."""
+
+    reason: str
+    message: str
+    retry_after_s: int
 
 
-def shed_error(policy: str, retry_after_s: int) -> ApiError:
-    return ApiError(503, "shed", f"overloaded: request shed by the {policy} policy; retry "
-                    f"after {retry_after_s} s", headers={"Retry-After": str(retry_after_s)},
-                    shed=True)
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Admission's yes: the prompt to send (maybe truncated) and its length. The engine
+    request now holds a slot until `Admission.release()`."""
+
+    prompt: object
+    prompt_tokens: int
+
+
+def _shed(policy: str, retry_after_s: int) -> Refusal:
+    return Refusal("shed", f"overloaded: request shed by the {policy} policy; retry after "
+                   f"{retry_after_s} s", retry_after_s)
 
 
 class Admission:
@@ -43,15 +59,19 @@ class Admission:
         self.ttft_target = ttft_target  # prompt tokens -> TTFT target s, or None
         self.decisions = Decisions(concurrency_limit=limiter.limit)
 
-    def check_http(self, rec: RequestRecord, request) -> None:
+    def publish(self, decisions: Decisions) -> None:
+        """The policy loop's latest decisions; every later request is admitted by them."""
+        self.decisions = decisions
+
+    def check_http(self, rec: RequestRecord, request) -> Refusal | None:
+        """Refuse now, or cap the request's max_tokens in place and let it on."""
         d = self.decisions
         if d.restarting:
             rec.policy_actions.append("reject:breaker_l2")
-            raise ApiError(503, "engine_restarting", "the engine is restarting",
-                           headers={"Retry-After": str(d.retry_after_s)}, shed=True)
+            return Refusal("engine_restarting", "the engine is restarting", d.retry_after_s)
         if d.shed_non_vip and not rec.vip:
             rec.policy_actions.append(f"shed:{d.shed_non_vip}")
-            raise shed_error(d.shed_non_vip, d.retry_after_s)
+            return _shed(d.shed_non_vip, d.retry_after_s)
         if d.max_tokens_cap is not None:
             for field in ("max_tokens", "max_completion_tokens"):
                 asked = getattr(request, field, None)
@@ -59,11 +79,12 @@ class Admission:
                     setattr(request, field, d.max_tokens_cap)
                     rec.policy_actions.append(f"cap_max_tokens:{d.max_tokens_cap}")
                     break
+        return None
 
     async def admit(self, rec: RequestRecord, prompt, prompt_tokens: int,
-                    max_tokens: int | None):
-        """The prompt to send (maybe truncated); waits for an engine slot. The caller
-        must call `release()` when the engine request ends, whatever happens."""
+                    max_tokens: int | None) -> Admitted | Refusal:
+        """Waits for an engine slot. Once admitted, the caller must call `release()`
+        when the engine request ends, whatever happens."""
         d = self.decisions
         if d.truncate_tokens is not None and prompt_tokens > d.truncate_tokens:
             prompt = _truncated(prompt, d.truncate_tokens)
@@ -77,37 +98,36 @@ class Admission:
             rec.prediction = self.predictor.predict(
                 prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH,
                 time.monotonic() - rec.arrival)
-            self._predicted_miss(rec, prompt_tokens, target, d)
+            refusal = self._predicted_miss(rec, prompt_tokens, target, d)
+            if refusal is not None:
+                return refusal
         try:
             await self.faults.before_engine()
             await self._acquire(rec, target, d)
         except LimiterTimeout as exc:
             self.load.release(prompt_tokens)
-            rec.refusal = ApiError(503, "admission_timeout", str(exc),
-                                   headers={"Retry-After": str(d.retry_after_s)}, shed=True)
-            raise Refused(str(exc)) from None
+            return Refusal("admission_timeout", str(exc), d.retry_after_s)
         except BaseException:
             self.load.release(prompt_tokens)
             raise
-        return prompt, prompt_tokens
+        return Admitted(prompt, prompt_tokens)
 
     def _predicted_miss(self, rec: RequestRecord, prompt_tokens: int, target: float | None,
-                        d: Decisions) -> None:
+                        d: Decisions) -> Refusal | None:
         """Under overload, a request predicted to miss its TTFT target by far moves to
         the batch lane (realtime) or is shed (batch): it would only take a slot from
         one that can still make it."""
         if d.predicted_miss_factor is None or target is None:
-            return
+            return None
         if rec.prediction.ttft_s <= target * d.predicted_miss_factor:
-            return
+            return None
         if rec.priority == R.PRIORITY_REALTIME:
             rec.priority = R.PRIORITY_BATCH
             rec.policy_actions.append("demote:predicted_miss")
-            return
+            return None
         self.load.release(prompt_tokens)
         rec.policy_actions.append("shed:predicted_miss")
-        rec.refusal = shed_error("predicted_miss", d.retry_after_s)
-        raise Refused("shed: predicted to miss its target")
+        return _shed("predicted_miss", d.retry_after_s)
 
     async def _acquire(self, rec: RequestRecord, target: float | None, d: Decisions) -> None:
         """Under overload (the predicted-miss policy on) a realtime request waits in the

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible FastAPI app: routes only; the work lives in `generation`,
-`admin` and `runtime`."""
+"""The OpenAI-compatible FastAPI app: routes only; the work lives in `generation`
+(over the runtime's `RequestDeps`), `admin` and `runtime`."""
 
 from __future__ import annotations
 
@@ -59,11 +59,11 @@ def create_app(runtime: Runtime) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        return await serve_generation(raw, chat, runtime)
+        return await serve_generation(raw, chat, runtime.deps)
 
     @app.post("/v1/completions")
     async def completions(raw: Request):
-        return await serve_generation(raw, completion, runtime)
+        return await serve_generation(raw, completion, runtime.deps)
 
     @app.get("/v1/models")
     async def models():

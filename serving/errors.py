@@ -1,7 +1,9 @@
 """OpenAI-style errors: one exception type, one JSON shape, one classification table.
 
 Every rejection names an `error_type` (a stable short code that lands in the trace
-log and in `tailguard_request_errors_total`) beside the human message.
+log and in `tailguard_request_errors_total`) beside the human message. What the layers
+below return as values (admission's `Refusal`, the engine's `EngineFailure`) becomes
+an `ApiError` here, and only here.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from observe import registry as R
+from serving.admission import Refusal
+from serving.engine.failures import EngineFailure
 
 # OpenAI's `error.type` per HTTP status.
 _OPENAI_TYPES = {
@@ -49,6 +53,21 @@ class ApiError(Exception):
                           "type": _OPENAI_TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.error_type}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def from_refusal(refusal: Refusal) -> ApiError:
+    """Admission's refusal -> 503 with Retry-After: a rejection (the server chose it)."""
+    return ApiError(503, refusal.reason, refusal.message,
+                    headers={"Retry-After": str(refusal.retry_after_s)}, shed=True)
+
+
+def from_outcome(outcome: Refusal | EngineFailure) -> ApiError:
+    """Why the engine path cut a request short (`ObservedEngine.outcome`) -> 503: the
+    engine failing under it is an error, admission refusing it is not."""
+    if isinstance(outcome, Refusal):
+        return from_refusal(outcome)
+    return ApiError(503, outcome.fault, outcome.message,
+                    headers={"Retry-After": str(outcome.retry_after_s)})
 
 
 def from_vllm_validation(exc) -> ApiError:

@@ -1,6 +1,8 @@
 """The generation endpoints: parse and check the body, run vLLM's serving handler
 on the observed engine, and make sure the request's record is finished exactly
-once, whatever happens (success, rejection, engine failure, client gone)."""
+once, whatever happens (success, rejection, engine failure, client gone).
+
+The whole path reads in `_generate`, over the typed `RequestDeps` the runtime builds."""
 
 from __future__ import annotations
 
@@ -17,8 +19,17 @@ from pydantic import ValidationError
 
 from observe import registry as R
 from serving.engine.observed import current_request
-from serving.errors import ApiError, from_exception, from_validation, from_vllm_response
+from serving.errors import (
+    ApiError,
+    from_exception,
+    from_outcome,
+    from_refusal,
+    from_validation,
+    from_vllm_response,
+)
 from serving.http_limits import body_timed_out
+from serving.keys import PRIORITY_HEADER
+from serving.runtime import RequestDeps
 from serving.streaming import (
     CLIENT_CLOSED,
     TimedStreamingResponse,
@@ -42,47 +53,69 @@ class Endpoint:
     handler: str  # its method to call
 
 
-async def serve_generation(raw: Request, endpoint: Endpoint, runtime):
-    rec, span = runtime.observer.begin(endpoint.name, raw.headers)
+async def serve_generation(raw: Request, endpoint: Endpoint, deps: RequestDeps):
+    """One generation request: a record begun, the request path run, an answer; the
+    record is finished exactly once on every path (a stream's when the stream ends)."""
+    rec, span = deps.observer.begin(endpoint.name, raw.headers)
     _pin_request_id(raw, rec.request_id)
     current_request.set(rec)
+    handle = deps.engine.handle if deps.engine.ready else None
+    engine = handle and handle.engine
     try:
-        if not runtime.ready:
-            raise ApiError(503, "engine_not_ready", "the engine is not ready",
-                           headers={"Retry-After": "5"})
-        client = runtime.identify(rec, raw.headers, raw.client.host if raw.client else None)
-        serving = getattr(runtime.handle, endpoint.serving)
-        body = await _read_json(raw, runtime.config.max_body_bytes)
-        request = _parse(endpoint.request_cls, body)
-        rec.model, rec.stream = request.model or runtime.config.model_name, bool(request.stream)
-        _check_limits(request, runtime.config.max_n)
-        runtime.quota.take(rec, client, request)
-        runtime.admission.check_http(rec, request)
-        result = await _until_disconnect(raw, _start(serving, endpoint.handler, request, raw,
-                                                     rec))
+        result = await _generate(raw, endpoint, deps, rec, handle)
     except ApiError as exc:
         rec.fail(exc.status, exc.error_type, exc.message, exc.outcome)
-        await settle(runtime, rec)  # a refused prompt of several: the others end too
-        runtime.observer.finish(rec, span)
+        await settle(engine, rec)  # a refused prompt of several: the others end too
+        deps.observer.finish(rec, span)
         return _with_id(exc.response(), rec)
     except ClientGone:
         rec.fail(CLIENT_CLOSED, "client_disconnected", "client went away", R.STATUS_ABORTED)
-        await settle(runtime, rec)
-        runtime.observer.finish(rec, span)
+        await settle(engine, rec)
+        deps.observer.finish(rec, span)
         return None
     except Exception as exc:  # a bug of ours: still a row, still a JSON answer
         log.exception("request %s failed", rec.request_id)
         error = ApiError(500, "internal_error", f"internal error: {type(exc).__name__}")
         rec.fail(error.status, error.error_type, str(exc), error.outcome)
-        runtime.observer.finish(rec, span)
+        deps.observer.finish(rec, span)
         return _with_id(error.response(), rec)
     if isinstance(result, AsyncIterator):
-        stream = observed_stream(result, rec, span, runtime)
+        stream = observed_stream(result, rec, span, deps.observer, engine)
         return _with_id(TimedStreamingResponse(
-            stream, runtime.config.stream_write_timeout_s, rec,
+            stream, deps.config.stream_write_timeout_s, rec,
             media_type="text/event-stream"), rec)
-    runtime.observer.finish(rec, span)
+    deps.observer.finish(rec, span)
     return _with_id(JSONResponse(result.model_dump()), rec)
+
+
+async def _generate(raw: Request, endpoint: Endpoint, deps: RequestDeps, rec, handle):
+    """The request path, in order: engine ready, who calls, body, limits, the client's
+    quota, admission, then vLLM's handler. Any stage may refuse (an `ApiError`)."""
+    if handle is None:
+        raise ApiError(503, "engine_not_ready", "the engine is not ready",
+                       headers={"Retry-After": "5"})
+    client = _identify(deps.keys, rec, raw)
+    request = _parse(endpoint.request_cls, await _read_json(raw, deps.config.max_body_bytes))
+    rec.model, rec.stream = request.model or deps.config.model_name, bool(request.stream)
+    _check_limits(request, deps.config.max_n)
+    deps.quota.take(rec, client, request)
+    refusal = deps.admission.check_http(rec, request)
+    if refusal is not None:
+        raise from_refusal(refusal)
+    serving = getattr(handle, endpoint.serving)
+    return await _until_disconnect(raw, _start(serving, endpoint.handler, request, raw,
+                                               handle.engine, rec.request_id))
+
+
+def _identify(keys, rec, raw: Request) -> str:
+    """Priority and VIP flag from the API key (never from a header alone); returns
+    who the client is for its quota: the key's name, else its peer address."""
+    client = keys.resolve(raw.headers.get("authorization"), raw.headers.get(PRIORITY_HEADER))
+    if client is None:
+        raise ApiError(401, "invalid_api_key", "a valid API key is required")
+    rec.priority, rec.vip = client.tier, client.vip
+    peer = raw.client.host if raw.client else None
+    return f"key:{client.name}" if keys.requires_key else f"peer:{peer or '?'}"
 
 
 def _with_id(response, rec):
@@ -93,10 +126,11 @@ def _with_id(response, rec):
     return response
 
 
-async def _start(serving, handler: str, request, raw: Request, rec):
+async def _start(serving, handler: str, request, raw: Request, engine, owner: str):
     """Call vLLM's handler; for a stream, wait for its first chunk before answering,
     so that admission (which runs when the engine is first asked) can still refuse
-    with a real status code instead of an error event inside a 200 stream."""
+    with a real status code instead of an error event inside a 200 stream. When the
+    engine path cut the request short (`engine.outcome`), that is the answer."""
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
     try:
@@ -105,11 +139,13 @@ async def _start(serving, handler: str, request, raw: Request, rec):
             first = await anext(result, None)
             result = prepend(first, result)
     except Exception as exc:
-        raise rec.refusal or from_exception(exc) from None
-    if rec.refusal is not None:
+        outcome = engine.outcome(owner)
+        raise (from_exception(exc) if outcome is None else from_outcome(outcome)) from None
+    outcome = engine.outcome(owner)
+    if outcome is not None:
         if isinstance(result, AsyncIterator):
             await result.aclose()
-        raise rec.refusal
+        raise from_outcome(outcome)
     if isinstance(result, ErrorResponse):
         raise from_vllm_response(result)
     return result

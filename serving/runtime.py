@@ -3,7 +3,8 @@ admission -> engine -> step ledger / stat logger -> spans, metrics, trace log ->
 observer (SLO verdicts) -> guard (policies) -> admission.
 
 `Runtime.start()` brings it up (the engine last, since it is the slow part) and
-`stop()` takes it down in reverse, flushing the trace log last.
+`stop()` takes it down in reverse, flushing the trace log last. The request handlers
+get only `Runtime.deps`: the typed few parts a request touches (`RequestDeps`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,10 @@ from serving.config import ServerConfig
 from serving.engine.observed import ObservedEngine
 from serving.engine.setup import start_engine, vllm_namespace
 from serving.engine.stats import EngineSecond, stat_logger_factory
-from serving.errors import ApiError
 from serving.engine.fault_injection import FaultInjector
 from serving.guard.live_forecast import ForecastService
 from serving.guard.loop import Guard
-from serving.keys import PRIORITY_HEADER
+from serving.keys import KeyRing
 from serving.engine.load import LoadTracker, resident_bytes
 from serving.observer import Observer
 from serving.guard.periodic import Periodic
@@ -54,6 +54,38 @@ class EngineHandle:
     chat: object
     completion: object
     models: object
+
+
+class EngineSlot:
+    """The engine serving now: none while it starts, nor while breaker L2 restarts it."""
+
+    __slots__ = ("handle", "restarting")
+
+    def __init__(self) -> None:
+        self.handle: EngineHandle | None = None
+        self.restarting = False  # breaker L2's restart is under way
+
+    @property
+    def ready(self) -> bool:
+        return self.handle is not None and not getattr(self.handle.engine, "errored", False)
+
+    @property
+    def dead(self) -> bool:
+        """The engine died, and is not back from its restart yet."""
+        errored = self.handle is not None and getattr(self.handle.engine, "errored", False)
+        return errored or self.restarting
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDeps:
+    """What a generation request touches (`serving.generation`), built once."""
+
+    config: ServerConfig  # body and n limits, the model's name, the stream write timeout
+    observer: Observer  # the record and its span in, spans/metrics/a row out
+    keys: KeyRing  # who calls: priority tier, VIP flag, the quota's client
+    quota: SequenceQuota
+    admission: Admission
+    engine: EngineSlot
 
 
 class Runtime:
@@ -89,8 +121,9 @@ class Runtime:
                                         reselect_s=config.reselect_interval_s)
         self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
                                   self.load.on_step])
-        self.handle: EngineHandle | None = None
-        self.restarting = False  # breaker L2's restart is under way
+        self.engine = EngineSlot()
+        self.deps = RequestDeps(config, self.observer, config.keys, self.quota,
+                                self.admission, self.engine)
         self.warmup: list = []
         self._ticker: asyncio.Task | None = None
         self._archiver: Periodic | None = None
@@ -101,25 +134,22 @@ class Runtime:
         self.metrics.record_step(len(step.request_ids))
 
     @property
+    def handle(self) -> EngineHandle | None:
+        return self.engine.handle
+
+    @handle.setter
+    def handle(self, handle: EngineHandle | None) -> None:
+        self.engine.handle = handle
+
+    @property
     def ready(self) -> bool:
-        return self.handle is not None and not getattr(self.handle.engine, "errored", False)
+        return self.engine.ready
 
     @property
     def engine_failed(self) -> bool:
         """What breaker L2 watches: the engine died (and is not back from its restart
         yet), or a drill says it did."""
-        dead = self.handle is not None and getattr(self.handle.engine, "errored", False)
-        return dead or self.restarting or self.faults.failing
-
-    def identify(self, rec, headers, peer: str | None) -> str:
-        """Priority and VIP flag from the API key (never from a header alone); returns
-        who the client is for its quota: the key's name, else its peer address."""
-        keys = self.config.keys
-        client = keys.resolve(headers.get("authorization"), headers.get(PRIORITY_HEADER))
-        if client is None:
-            raise ApiError(401, "invalid_api_key", "a valid API key is required")
-        rec.priority, rec.vip = client.tier, client.vip
-        return f"key:{client.name}" if keys.requires_key else f"peer:{peer or '?'}"
+        return self.engine.dead or self.faults.failing
 
     async def start(self) -> None:
         if self.config.profiling:  # the engine core starts its own agent (step_plugin)
@@ -177,7 +207,7 @@ class Runtime:
     async def restart_engine(self) -> None:
         """Breaker L2: a fresh engine in place; the server keeps answering (503 until
         the new engine is warm)."""
-        old, self.handle, self.restarting = self.handle, None, True
+        old, self.handle, self.engine.restarting = self.handle, None, True
         log.warning("restarting the engine")
         began = time.monotonic()
         try:
@@ -186,7 +216,7 @@ class Runtime:
             shut = time.monotonic()
             self.handle = await self._start_engine(restart=True)
         finally:
-            self.restarting = False
+            self.engine.restarting = False
         log.warning("engine restarted in %.1f s (old engine shut down in %.1f s)",
                     time.monotonic() - began, shut - began)
 

@@ -19,7 +19,7 @@ from fastapi.responses import StreamingResponse
 
 from observe import registry as R
 from serving.engine.observed import current_request
-from serving.errors import ApiError
+from serving.errors import from_outcome
 
 log = logging.getLogger("tailguard")
 CLIENT_CLOSED = 499  # nginx's code for "client closed request"
@@ -73,13 +73,14 @@ async def prepend(first, rest: AsyncIterator):
         yield chunk
 
 
-async def observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
-    """Pass vLLM's SSE chunks through; finish the record when the stream ends."""
+async def observed_stream(chunks: AsyncIterator[str], rec, span, observer, engine):
+    """Pass vLLM's SSE chunks through; finish the record (`observer`) when the stream
+    ends. `engine`: the observed engine serving it."""
     current_request.set(rec)  # this generator runs in the response task's context
     try:
         async for chunk in chunks:
             if chunk.startswith(STREAM_ERROR_PREFIX):
-                chunk = _stream_error(rec, chunk)
+                chunk = _stream_error(engine, rec, chunk)
             yield chunk
     except (asyncio.CancelledError, GeneratorExit):
         if rec.error_type is None:  # a write timeout has named the cause already
@@ -91,7 +92,7 @@ async def observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
         # In a task of its own: a client gone mid-read cancels this task's scope for
         # good (anyio re-raises at every later await in it), and the record must still
         # be completed and finished.
-        closing = asyncio.ensure_future(_close(chunks, rec, span, runtime))
+        closing = asyncio.ensure_future(_close(chunks, rec, span, observer, engine))
         _closing.add(closing)
         closing.add_done_callback(_closing.discard)
         await asyncio.shield(closing)
@@ -100,29 +101,30 @@ async def observed_stream(chunks: AsyncIterator[str], rec, span, runtime):
 _closing: set[asyncio.Task] = set()  # strong references until each has run
 
 
-async def _close(chunks: AsyncIterator[str], rec, span, runtime) -> None:
+async def _close(chunks: AsyncIterator[str], rec, span, observer, engine) -> None:
     try:
         await chunks.aclose()  # ends the engine requests now if they still run
-        await settle(runtime, rec)
+        await settle(engine, rec)
     finally:
-        runtime.observer.finish(rec, span)
+        observer.finish(rec, span)
 
 
-async def settle(runtime, rec) -> None:
-    """Every engine request of `rec` has ended and added its outcome to it."""
-    handle = runtime.handle
-    if handle is not None:
-        await handle.engine.settle(rec.request_id)
+async def settle(engine, rec) -> None:
+    """Every engine request of `rec` on `engine` (None: none started) has ended and
+    added its outcome to it."""
+    if engine is not None:
+        await engine.settle(rec.request_id)
 
 
-def _stream_error(rec, chunk: str) -> str:
+def _stream_error(engine, rec, chunk: str) -> str:
     """vLLM reports a failure inside a started stream as an error event; the event to
     send instead (ours, when we know better: the engine died or hung under it)."""
-    refusal = rec.refusal
-    if isinstance(refusal, ApiError):
-        rec.fail(refusal.status, refusal.error_type, refusal.message, refusal.outcome)
-        err = json.loads(refusal.response().body)["error"]
-        err["code"] = refusal.status  # in a stream, vLLM's convention: the HTTP status
+    outcome = engine.outcome(rec.request_id)
+    if outcome is not None:
+        error = from_outcome(outcome)
+        rec.fail(error.status, error.error_type, error.message, error.outcome)
+        err = json.loads(error.response().body)["error"]
+        err["code"] = error.status  # in a stream, vLLM's convention: the HTTP status
         return f"data: {json.dumps({'error': err})}\n\n"
     try:
         err = json.loads(chunk[len("data: "):])["error"]

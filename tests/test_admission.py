@@ -12,9 +12,9 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
-from serving.admission import Admission, Refused
+from serving.admission import Admission, Refusal
 from serving.engine.stats import EngineSecond
-from serving.errors import ApiError
+from serving.errors import from_refusal
 from serving.engine.fault_injection import FaultInjector
 from serving.limiter import Limiter, LimiterTimeout
 from serving.engine.load import LoadTracker
@@ -26,7 +26,7 @@ def _admission(decisions: Decisions, target_s: float = 0.5, limit: int = 8) -> A
     service = PredictionService(None, None, retrain_interval_s=0)  # the seed formula
     adm = Admission(LoadTracker(EngineSecond()), service, Limiter(limit), FaultInjector(),
                     lambda tokens: target_s)
-    adm.decisions = decisions
+    adm.publish(decisions)
     return adm
 
 
@@ -49,7 +49,7 @@ def _prompt(tokens: int) -> dict:
 def test_the_max_tokens_cap(asked, cap, expected, action):
     adm = _admission(Decisions(8, max_tokens_cap=cap))
     rec, request = _record(), SimpleNamespace(max_tokens=asked)
-    adm.check_http(rec, request)
+    assert adm.check_http(rec, request) is None
     assert request.max_tokens == expected and rec.policy_actions == action
 
 
@@ -59,28 +59,27 @@ def test_the_max_tokens_cap(asked, cap, expected, action):
 def test_shedding_spares_vip(shed, vip, refused):
     adm = _admission(Decisions(8, shed_non_vip=shed, retry_after_s=7))
     rec = _record(vip=vip)
+    refusal = adm.check_http(rec, SimpleNamespace(max_tokens=4))
     if not refused:
-        adm.check_http(rec, SimpleNamespace(max_tokens=4))
-        assert rec.policy_actions == []
+        assert refusal is None and rec.policy_actions == []
         return
-    with pytest.raises(ApiError) as err:
-        adm.check_http(rec, SimpleNamespace(max_tokens=4))
-    assert err.value.status == 503 and err.value.headers == {"Retry-After": "7"}
-    assert err.value.outcome == R.STATUS_REJECTED
+    err = from_refusal(refusal)
+    assert err.status == 503 and err.headers == {"Retry-After": "7"}
+    assert err.outcome == R.STATUS_REJECTED
     assert rec.policy_actions == [f"shed:{shed}"]
 
 
 def test_a_restarting_engine_refuses_everyone_even_vip():
     adm = _admission(Decisions(8, restarting=True))
-    with pytest.raises(ApiError) as err:
-        adm.check_http(_record(vip=True), SimpleNamespace(max_tokens=4))
-    assert err.value.error_type == "engine_restarting"
+    refusal = adm.check_http(_record(vip=True), SimpleNamespace(max_tokens=4))
+    assert from_refusal(refusal).error_type == "engine_restarting"
 
 
 def test_truncation_keeps_the_first_tokens():
     adm = _admission(Decisions(8, truncate_tokens=100))
     rec = _record()
-    prompt, tokens = asyncio.run(adm.admit(rec, _prompt(150), 150, 4))
+    admitted = asyncio.run(adm.admit(rec, _prompt(150), 150, 4))
+    prompt, tokens = admitted.prompt, admitted.prompt_tokens
     assert prompt["prompt_token_ids"] == list(range(100)) and tokens == 100
     assert rec.policy_actions == ["truncate:150->100"]
     assert rec.prediction.version == "seed-003" and rec.load.pending_requests == 0
@@ -94,12 +93,12 @@ def test_truncation_keeps_the_first_tokens():
 def test_a_far_predicted_miss_changes_lane_or_is_shed(priority, target_s, outcome):
     adm = _admission(Decisions(8, predicted_miss_factor=2.0), target_s)
     rec = _record(priority)
+    verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
     if outcome == "shed:predicted_miss":
-        with pytest.raises(Refused):
-            asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
-        assert rec.refusal.status == 503 and adm.load.pending == (0, 0)
+        assert isinstance(verdict, Refusal)
+        assert from_refusal(verdict).status == 503 and adm.load.pending == (0, 0)
     else:
-        asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
+        assert not isinstance(verdict, Refusal)
         assert rec.priority == (R.PRIORITY_BATCH if outcome else priority)
     assert rec.policy_actions == ([outcome] if outcome else [])
 

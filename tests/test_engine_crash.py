@@ -34,10 +34,12 @@ import httpx
 import psutil
 import pytest
 
+from observe.record import RequestRecord
 from observe.settings import TAILGUARD_ENGINE_HANG_S
-from observe.stats import RequestRecord, WallClock
+from observe.stats import WallClock
 from serving.engine import observed as E
 from serving.engine import failures as F
+from serving.errors import from_outcome
 from tests.conftest import start_server, stop_server
 
 HANG_S = 5  # the watchdog's timeout on this server
@@ -131,7 +133,8 @@ def test_hang_timeout_comes_from_the_environment(monkeypatch):
         assert F.engine_hang_s() == want, raw
 
 
-def _generate(eng: E.ObservedEngine) -> RequestRecord:
+def _generate(eng: E.ObservedEngine) -> F.EngineFailure | None:
+    """Serve one request that fails; what the engine says cut it short."""
     rec = RequestRecord(request_id="r1", arrival=time.monotonic(), endpoint="chat")
 
     async def run():
@@ -142,19 +145,19 @@ def _generate(eng: E.ObservedEngine) -> RequestRecord:
 
     asyncio.run(run())
     assert eng.in_flight == 0
-    return rec
+    return eng.outcome(rec.request_id)
 
 
 def test_a_request_the_engine_fails_under_carries_the_failure():
     from vllm.v1.engine.exceptions import EngineDeadError
 
     dead = E.ObservedEngine(FakeEngine(EngineDeadError()), FakeLedger(), WallClock())
-    err = _generate(dead).refusal
+    err = from_outcome(_generate(dead))
     assert (err.status, err.error_type, err.outcome) == (503, "engine_dead", "error")
     assert dead.fault == F.ENGINE_DEAD and err.headers["Retry-After"].isdigit()
     # any other failure of a healthy engine is not an engine failure
     healthy = E.ObservedEngine(FakeEngine(ValueError("bad")), FakeLedger(), WallClock())
-    assert _generate(healthy).refusal is None and healthy.fault is None
+    assert _generate(healthy) is None and healthy.fault is None
 
 
 # --- a real engine, crashed and hung ----------------------------------------------

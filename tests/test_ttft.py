@@ -96,7 +96,7 @@ def test_several_engine_requests_take_the_earliest_first_token():
 
 
 def test_absorbing_two_final_outputs_keeps_the_earliest_first_token():
-    from serving.engine.observed import _absorb
+    from serving.engine.outputs import absorb
 
     def final(stats, tokens):
         return SimpleNamespace(prompt_token_ids=[1, 2, 3], metrics=stats, outputs=[
@@ -104,8 +104,8 @@ def test_absorbing_two_final_outputs_keeps_the_earliest_first_token():
 
     rec = RequestRecord("r", arrival=10.0, endpoint="completions", queued_at=10.1)
     rec.first_token = 13.01
-    _absorb(rec, final(_stats(), 21), 21, CLOCK)
-    _absorb(rec, final(_stats(first_token_ts=11.5, first_token_latency=1.31), 21), 21, CLOCK)
+    absorb(rec, final(_stats(), 21), 21, CLOCK)
+    absorb(rec, final(_stats(first_token_ts=11.5, first_token_latency=1.31), 21), 21, CLOCK)
     assert rec.ttft_s == pytest.approx(1.02)
     assert rec.tokenize_s == pytest.approx(0.1)  # admission began at 10.1: queueing from there
 

@@ -1,12 +1,14 @@
 """What an engine failure means to the requests on it: the kinds of fault, the
-watchdog's timeout, and the 503 each request in flight gets (`ObservedEngine`
-in `serving/engine/observed.py` detects them)."""
+watchdog's timeout, and the `EngineFailure` each request in flight ends with
+(`ObservedEngine` in `serving/engine/observed.py` detects them; the HTTP layer
+answers each with a 503, `serving.errors.from_outcome`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from observe import settings
 from observe.settings import TAILGUARD_ENGINE_HANG_S
-from serving.errors import ApiError
 
 # The engine watchdog: requests in flight and no engine step (nor output) for this
 # long means the engine core is hung. 0 turns the watchdog off.
@@ -24,8 +26,18 @@ def engine_hang_s() -> float:
                                       want="seconds >= 0")
 
 
-def engine_fault_error(fault: str, hang_s: float = 0.0) -> ApiError:
-    """What a request in flight gets when the engine fails under it."""
+@dataclass(frozen=True, slots=True)
+class EngineFailure:
+    """Why the engine ended a request it was serving: the fault (also the row's error
+    type), what to tell the client, and when it may come back."""
+
+    fault: str  # ENGINE_DEAD, ENGINE_HUNG or ENGINE_SHUTDOWN
+    message: str
+    retry_after_s: int = RETRY_AFTER_S
+
+
+def engine_failure(fault: str, hang_s: float = 0.0) -> EngineFailure:
+    """What a request in flight ends with when the engine fails under it."""
     if fault == ENGINE_HUNG:
         message = (f"the engine made no progress for {hang_s:g} s and is being "
                    f"restarted; retry shortly")
@@ -34,7 +46,7 @@ def engine_fault_error(fault: str, hang_s: float = 0.0) -> ApiError:
     else:
         message = "the engine failed while serving this request and is being restarted; " \
                   "retry shortly"
-    return ApiError(503, fault, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return EngineFailure(fault, message)
 
 
 def is_engine_dead(exc: BaseException) -> bool:

@@ -9,7 +9,8 @@ means to a request: `serving/engine/failures.py`). A crashed engine
 core (vLLM raises `EngineDeadError` into every request) and a hung one (requests in
 flight, no engine step for `TAILGUARD_ENGINE_HANG_S` seconds: the watchdog, run by the
 guard's tick, kills it) both leave `errored` true, which breaker L2 restarts on, and
-each request in flight carries an `engine_dead`/`engine_hung` 503 for the HTTP layer.
+each request in flight ends with an `EngineFailure` (`engine_dead`/`engine_hung`),
+which the HTTP layer reads back with `outcome()` and answers.
 """
 
 from __future__ import annotations
@@ -19,28 +20,33 @@ import contextvars
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 import psutil
+from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from observe.record import RequestRecord
-from observe.stats import EngineTimes, WallClock
-from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
+from observe.stats import WallClock
+from serving.admission import Admitted, Refusal
 from serving.engine.failures import (
     ENGINE_DEAD,
     ENGINE_HUNG,
     ENGINE_SHUTDOWN,
-    engine_fault_error,
+    EngineFailure,
+    engine_failure,
     engine_hang_s,
     is_engine_dead,
 )
+from serving.engine.outputs import absorb, is_delta, prompt_length
+from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
 from serving.engine.step_receiver import StepLedger
 
 log = logging.getLogger("tailguard")
 
 REAP_WAIT_S = 5.0  # how long a shut-down engine's processes get before SIGKILL
 
-# The request being served on this task; set by the HTTP layer, read by generate().
+# The request being served on this task: set by the HTTP layer, read by generate().
+# A context variable because vLLM's serving handlers call `generate(prompt, params,
+# request_id, ...)` with no room for our record; this is the only place it lives.
 current_request: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar(
     "tailguard_request", default=None)
 
@@ -62,6 +68,8 @@ class ObservedEngine:
         self._steps_seen = ledger.steps_seen
         self._processes = engine_processes(engine)
         self._pumps: dict[str, set[asyncio.Task]] = {}  # HTTP request id -> its pumps
+        # HTTP request id -> why its engine requests were cut short (until `outcome()`)
+        self._outcomes: dict[str, Refusal | EngineFailure] = {}
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
@@ -153,11 +161,16 @@ class ObservedEngine:
 
     def _failed(self, rec: RequestRecord, exc: BaseException) -> None:
         """An engine request ended in `exc`: if the engine itself failed, the request
-        is refused with the failure (not a generic 500)."""
+        ends with the failure (not a generic 500)."""
         if self.fault is None and (is_engine_dead(exc) or self.errored):
             self.fault = ENGINE_DEAD
-        if self.fault is not None and rec.refusal is None:
-            rec.refusal = engine_fault_error(self.fault, self.hang_s)
+        if self.fault is not None:
+            self._outcomes.setdefault(rec.request_id, engine_failure(self.fault, self.hang_s))
+
+    def outcome(self, owner: str) -> Refusal | EngineFailure | None:
+        """Why HTTP request `owner`'s engine requests were cut short, once: admission
+        refused one, or the engine failed under it. None: vLLM's own answer stands."""
+        return self._outcomes.pop(owner, None)
 
     async def generate(self, prompt, sampling_params, request_id: str,
                        *args, **kwargs) -> AsyncIterator:
@@ -171,12 +184,13 @@ class ObservedEngine:
                 yield out
             return
         rec.max_tokens = getattr(sampling_params, "max_tokens", rec.max_tokens)
-        prompt_tokens = _prompt_length(prompt)
+        prompt_tokens = prompt_length(prompt)
         if self._admission is not None:  # may wait for a slot, truncate, or refuse
-            prompt, prompt_tokens = await self._admission.admit(rec, prompt, prompt_tokens,
-                                                                rec.max_tokens)
-        from vllm.v1.engine.output_processor import RequestOutputCollector
-
+            verdict = await self._admission.admit(rec, prompt, prompt_tokens, rec.max_tokens)
+            if not isinstance(verdict, Admitted):
+                self._outcomes[rec.request_id] = verdict
+                raise NotAdmitted(verdict.message)
+            prompt, prompt_tokens = verdict.prompt, verdict.prompt_tokens
         # vLLM's own mailbox: deltas merge while the reader lags, so an unread
         # stream holds one merged output, not one object per token.
         mailbox = RequestOutputCollector(getattr(sampling_params, "output_kind", None),
@@ -218,6 +232,7 @@ class ObservedEngine:
             pump.cancel()
         if pumps:
             await asyncio.wait(pumps, timeout=timeout_s)
+        self._outcomes.pop(owner, None)  # its answer is given: nobody is left to ask
 
     async def _pump(self, rec: RequestRecord, call: tuple, kwargs: dict, prompt_tokens: int,
                     mailbox) -> None:
@@ -225,7 +240,7 @@ class ObservedEngine:
         aborted) free its slot, untrack its steps and add its outcome to the record."""
         request_id, admission = call[2], self._admission
         self._ledger.track(request_id, rec.tally, rec.request_id)
-        deltas = _is_delta(call[1])
+        deltas = is_delta(call[1])
         last, tokens, pending = None, 0, admission is not None
         if self.in_flight == 0:
             self._progress_at = time.monotonic()  # the watchdog's clock starts now
@@ -252,39 +267,14 @@ class ObservedEngine:
                 admission.release(prompt_tokens, pending)
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
-                _absorb(rec, last, tokens, self._clock)
+                absorb(rec, last, tokens, self._clock)
+
+
+class NotAdmitted(Exception):
+    """Raised into vLLM's call path when admission refuses an engine request: it ends
+    vLLM's handling, and the HTTP layer answers with the refusal (`outcome()`)."""
 
 
 class _PumpEnded(Exception):
     """The engine's output ended without a finished output (put as an exception, so it
     replaces nothing the reader still needs: there is nothing after it)."""
-
-
-def _prompt_length(prompt) -> int:
-    """Prompt tokens of what vLLM's serving classes hand the engine: a tokenized
-    prompt dict (or an `EngineCoreRequest`); 0 when it is not tokenized yet."""
-    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else getattr(
-        prompt, "prompt_token_ids", None)
-    return len(ids) if ids is not None else 0
-
-
-def _is_delta(sampling_params) -> bool:
-    """Streaming asks vLLM for deltas: token counts must then be summed."""
-    kind = getattr(sampling_params, "output_kind", None)
-    return getattr(kind, "name", "") == "DELTA"
-
-
-def _absorb(rec: RequestRecord, out, output_tokens: int, clock: WallClock) -> None:
-    """Add one engine request's outcome to the record (a completion with several
-    prompts makes several engine requests)."""
-    rec.prompt_tokens += len(out.prompt_token_ids or ())
-    rec.output_tokens += output_tokens
-    reasons = [o.finish_reason for o in out.outputs if o.finish_reason]
-    if reasons:
-        rec.finish_reason = reasons[0]
-    times = EngineTimes.from_vllm(out.metrics, clock)
-    if times is not None and rec.queued_at is not None and times.accepted is not None:
-        # waiting for an engine slot (the concurrency limit) is queueing too
-        times = replace(times, accepted=min(times.accepted, rec.queued_at))
-    if times is not None:
-        rec.engine = times if rec.engine is None else rec.engine.merge(times)

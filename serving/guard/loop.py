@@ -90,7 +90,7 @@ class Guard:
             kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
         decisions = self.engine.evaluate(signals, saturated=self.limiter.waiting > 0)
         self.limiter.limit = decisions.concurrency_limit
-        runtime.admission.decisions = decisions
+        runtime.admission.publish(decisions)
         l2 = self.engine.machines[P.BREAKER_L2]
         if l2.state == ACTIVE and l2.since != self._restarted_episode:
             self._restarted_episode = l2.since
