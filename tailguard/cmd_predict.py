@@ -9,20 +9,24 @@ from pathlib import Path
 import click
 
 from slo.model_files import FORECAST_FILE, LATENCY_FILE, default_dir
-from tailguard.clitools import one_line
+from tailguard.clitools import TraceSource, one_line
 
 ROWS_MAX = 5_000_000
 _DB = click.option("--db", required=True, type=click.Path(dir_okay=False),
                    help="Trace-log file, opened read-only.")
 
 
-def _rows(db: str, sql: str) -> list[tuple]:
-    from observe.query import QueryError, query_file
+def _result(source: TraceSource, sql: str, max_rows: int = 10_000, timeout_s: float = 300):
+    from observe.query import QueryError
 
     try:
-        return query_file(db, sql, max_rows=ROWS_MAX, timeout_s=300).rows
+        return source.query(sql, max_rows=max_rows, timeout_s=timeout_s)
     except QueryError as exc:
         raise click.UsageError(one_line(exc))
+
+
+def _rows(db: str, sql: str) -> list[tuple]:
+    return _result(TraceSource(db=db), sql, max_rows=ROWS_MAX).rows
 
 
 def _default_model(db: str, name: str) -> Path:
@@ -86,38 +90,17 @@ def predict_eval(db, model_file, holdout):
 
 
 def _print_accuracy(model, test_part) -> None:
-    from slo.predict.accuracy import accuracy, format_table, improvement
-    from slo.predict.model import SeedModel
+    from slo.predict.accuracy import held_out_report
 
-    seed, trained = accuracy(SeedModel(), test_part), accuracy(model, test_part)
-    click.echo(f"held-out requests: {len(test_part)}")
-    click.echo(format_table(seed + trained), nl=False)
-    ratios = improvement(seed, trained)
-    click.echo("p50 MAPE, seed / model: " + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items()))
-
-
-SERVED_SQL = """
-SELECT predictor_version AS model,
-       count(*) AS requests,
-       avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_mape,
-       avg(CASE WHEN predicted_ttft_p90_s IS NULL THEN NULL
-                WHEN ttft_s <= predicted_ttft_p90_s THEN 1 ELSE 0 END) AS ttft_p90_coverage,
-       avg(abs(predicted_tpot_s - tpot_s) / tpot_s) AS tpot_mape,
-       avg(CASE WHEN tpot_s IS NULL OR predicted_tpot_p90_s IS NULL THEN NULL
-                WHEN tpot_s <= predicted_tpot_p90_s THEN 1 ELSE 0 END) AS tpot_p90_coverage
-FROM requests
-WHERE status = 'ok' AND ttft_s > 0 AND predicted_ttft_s IS NOT NULL
-GROUP BY ALL ORDER BY requests DESC
-"""
+    click.echo(held_out_report(model, test_part))
 
 
 def _served_accuracy(db: str) -> str:
-    from observe.query import QueryError, format_result, query_file
+    from slo.predict.accuracy import never_predicted_sql, served_accuracy_sql, served_report
 
-    try:
-        return format_result(query_file(db, SERVED_SQL, timeout_s=120))
-    except QueryError as exc:
-        raise click.UsageError(one_line(exc))
+    source = TraceSource(db=db)
+    return served_report(*(_result(source, sql, timeout_s=120)
+                           for sql in (served_accuracy_sql(), never_predicted_sql())))
 
 
 FORECAST_EXTRA = "tailguard[forecast]"  # pyproject.toml's extra with PyTorch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from observe.registry import PHASE_SPANS, SPAN_REQUEST
-from slo.predict.accuracy import GATE_EVENT
+from slo.predict.accuracy import GATE_EVENT, never_predicted_sql, served_accuracy_sql
 
 WINDOWS = {"5 min": 5, "15 min": 15, "1 hour": 60, "6 hours": 360, "1 day": 1440}
 METRICS = {"TTFT": "ttft_s", "TPOT": "tpot_s", "end to end": "e2e_s"}
@@ -130,16 +130,14 @@ def predicted_vs_actual(minutes: int, limit: int = 2000) -> str:
 
 
 def prediction_accuracy(minutes: int) -> str:
-    """As served: each model's p50 MAPE and p90 coverage on the requests it judged."""
-    return ("SELECT predictor_version, count(*) AS requests, "
-            "avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_p50_mape, "
-            "avg(CASE WHEN ttft_s <= predicted_ttft_p90_s THEN 1.0 ELSE 0.0 END) "
-            "AS ttft_p90_coverage, "
-            "avg(abs(predicted_tpot_s - tpot_s) / tpot_s) FILTER (tpot_s > 0) AS tpot_p50_mape, "
-            "avg(CASE WHEN tpot_s <= predicted_tpot_p90_s THEN 1.0 ELSE 0.0 END) "
-            "FILTER (tpot_s > 0) AS tpot_p90_coverage FROM requests "
-            f"WHERE status = 'ok' AND ttft_s > 0 AND predicted_ttft_s IS NOT NULL "
-            f"AND {_since(minutes)} GROUP BY ALL ORDER BY requests DESC")
+    """As served: each model's p50 MAPE and p90 coverage on the requests it predicted,
+    by the one rule `tailguard predict eval` uses too (slo.predict.accuracy)."""
+    return served_accuracy_sql(minutes)
+
+
+def never_predicted(minutes: int) -> str:
+    """Served requests of the window, and how many of them no model predicted."""
+    return never_predicted_sql(minutes)
 
 
 def last_retrain() -> str:

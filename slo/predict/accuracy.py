@@ -1,11 +1,16 @@
-"""How good a latency model is on requests it never saw: the numbers behind
-`tailguard predict eval` and the benchmark.
+"""How good a latency model is: on requests it never saw (the numbers behind
+`tailguard predict train/eval` and the benchmark), and as served (the rows' own
+predictions, shown by `tailguard predict eval` and the console's Forecasts page).
 
 - p50 MAPE: mean of |predicted median - actual| / actual (and the median of that
   ratio, which one slow outlier cannot move);
 - p90 coverage: the share of requests at or under their predicted p90, which should
   be near 90% (85-95% is the goal);
 - the same for the seed formula, so "better than the seed" is a ratio, not a claim.
+
+Both count only requests that have the prediction being judged; a served request that
+was never predicted is no miss, but is counted apart (`never_predicted_sql`). The rule
+is written out in docs/prediction.md ("How accuracy is measured").
 
 `judge` is the retrain gate: a freshly trained candidate replaces the live model only
 if it beats it on the newest requests, which neither was trained on (docs/prediction.md).
@@ -15,11 +20,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
 from slo.predict.features import TrainingSet
+from slo.predict.model import SeedModel
+
+if TYPE_CHECKING:
+    from observe.query import QueryResult
 
 # (target, column of the p50 prediction, column of the p90 prediction)
 COLUMNS = (("ttft_s", 0, 1), ("tpot_s", 2, 3))
@@ -70,6 +79,69 @@ def improvement(baseline: list[Accuracy], model: list[Accuracy]) -> dict[str, fl
     """How many times lower the model's p50 MAPE is than the baseline's, per target."""
     return {b.target: b.mape_p50 / m.mape_p50 for b, m in zip(baseline, model)
             if m.mape_p50 > 0}
+
+
+def held_out_report(model, data: TrainingSet) -> str:
+    """`model` against the seed formula on held-out requests, as `tailguard predict`
+    prints it: the request count, one table row per model and target, the ratio."""
+    seed, trained = accuracy(SeedModel(), data), accuracy(model, data)
+    ratios = improvement(seed, trained)
+    return (f"held-out requests: {len(data)}\n" + format_table(seed + trained)
+            + "p50 MAPE, seed / model: " + ", ".join(f"{k} {v:.1f}x" for k, v in ratios.items()))
+
+
+# --- as served: what the server predicted when it admitted each request ---------------
+
+# A served request: answered, with a first token to judge a TTFT prediction against.
+_SERVED = "status = 'ok' AND ttft_s > 0"
+# `tailguard predict eval` has printed these headings since it first shipped.
+CLI_HEADINGS: Final = {"predictor_version": "model", "ttft_p50_mape": "ttft_mape",
+                       "tpot_p50_mape": "tpot_mape"}
+
+
+def _served_where(since_minutes: int | None) -> str:
+    since = "" if since_minutes is None else \
+        f" AND arrival_ts > now() - INTERVAL {int(since_minutes)} MINUTE"
+    return f"WHERE {_SERVED}{since}"
+
+
+def served_accuracy_sql(since_minutes: int | None = None) -> str:
+    """Per predictor version, on the served requests it predicted (in the last
+    `since_minutes`, or all): p50 MAPE and p90 coverage of TTFT and of TPOT, each over
+    the requests with that actual above 0 and that prediction present."""
+    return ("SELECT predictor_version, count(*) AS requests, "
+            "avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_p50_mape, "
+            "avg(CASE WHEN ttft_s <= predicted_ttft_p90_s THEN 1.0 ELSE 0.0 END) "
+            "FILTER (predicted_ttft_p90_s IS NOT NULL) AS ttft_p90_coverage, "
+            "avg(abs(predicted_tpot_s - tpot_s) / tpot_s) "
+            "FILTER (tpot_s > 0 AND predicted_tpot_s IS NOT NULL) AS tpot_p50_mape, "
+            "avg(CASE WHEN tpot_s <= predicted_tpot_p90_s THEN 1.0 ELSE 0.0 END) "
+            "FILTER (tpot_s > 0 AND predicted_tpot_p90_s IS NOT NULL) AS tpot_p90_coverage "
+            f"FROM requests {_served_where(since_minutes)} AND predicted_ttft_s IS NOT NULL "
+            "GROUP BY ALL ORDER BY requests DESC, predictor_version")
+
+
+def never_predicted_sql(since_minutes: int | None = None) -> str:
+    """How many served requests there were and how many of them carry no prediction."""
+    return ("SELECT count(*) AS served, count(*) FILTER (predicted_ttft_s IS NULL) "
+            f"AS never_predicted FROM requests {_served_where(since_minutes)}")
+
+
+def never_predicted_line(served: int, never: int) -> str:
+    share = f" ({never / served:.1%})" if served else ""
+    return f"never predicted: {never} of {served} served requests{share}"
+
+
+def served_report(accuracy_rows: QueryResult, never: QueryResult) -> str:
+    """The two queries' answers as `tailguard predict eval` prints them."""
+    from dataclasses import replace
+
+    from observe.query import format_result
+
+    headed = replace(accuracy_rows, columns=[CLI_HEADINGS.get(c, c)
+                                             for c in accuracy_rows.columns])
+    served, never_predicted = never.rows[0]
+    return format_result(headed) + never_predicted_line(served, never_predicted) + "\n"
 
 
 @dataclass(frozen=True, slots=True)

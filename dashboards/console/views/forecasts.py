@@ -10,6 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.console import charts, common, queries
+from slo.predict import accuracy
 
 DEFAULT_THRESHOLD = 0.9  # seed 002: scale out when the forecast passes 90%
 
@@ -90,6 +91,9 @@ def latency_panel(src, minutes: int) -> None:
     st.caption("As served: each request was judged by the model live when it was admitted. "
                "A good p90 covers 85-95% of requests.")
     st.dataframe(src.query(queries.prediction_accuracy(minutes)), hide_index=True)
+    served, never = src.query(queries.never_predicted(minutes)).iloc[0]
+    st.caption(accuracy.never_predicted_line(int(served), int(never)).capitalize()
+               + ": not counted above.")
 
 
 def render(src, minutes: int) -> None:
