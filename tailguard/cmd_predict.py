@@ -155,7 +155,7 @@ def forecast_eval(db, target, horizon, step, train_share, seed, as_json):
                           factory=lambda: all_forecasters(seed))
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
-    click.echo(json.dumps(result.describe(), indent=2) if as_json else format_backtest(result))
+    click.echo(json.dumps(result.describe(), indent=2) if as_json else result.table())
 
 
 @forecast.command("train")
@@ -175,20 +175,7 @@ def forecast_train(db, target, horizon, step, train_share, out):
                                          train_share=train_share)
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
-    click.echo(format_backtest(chosen.backtest))
+    click.echo(chosen.backtest.table())
     path = chosen.save(out or _default_model(db, FORECAST_FILE))
     click.echo(f"saved {chosen.model.name} -> {path}")
 
-
-def format_backtest(result) -> str:
-    last = result.score("last_value")
-    lines = [f"{result.target}, {result.horizon_s:.0f} s ahead, {result.step_s:g} s steps, "
-             f"{result.winner.origins} origins after {result.train_steps} training steps",
-             f"{'model':<12} {'MAE':>10} {'RMSE':>10} {'vs last':>8} {'fit s':>7}"]
-    for s in result.scores:
-        ratio = f"{s.mae / last.mae:.3f}" if last and last.mae else "-"
-        lines.append(f"{s.name:<12} {s.mae:>10.4g} {s.rmse:>10.4g} {ratio:>8} {s.fit_s:>7.1f}")
-    margin = result.margin()
-    lines.append(f"winner: {result.winner.name}" + (
-        f" ({1 - margin:.1%} lower MAE than the runner-up)" if margin is not None else ""))
-    return "\n".join(lines)

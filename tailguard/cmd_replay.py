@@ -7,23 +7,13 @@ import json
 
 import click
 
-from tailguard.clitools import one_line
+from tailguard.clitools import TraceSource, one_line
 
 ROWS_MAX = 20_000_000
-SHOWN = ("requests", "attainment", "goodput_rps", "shed_rate", "ttft_p50_s", "ttft_p99_s")
 
 
 def _query(db: str):
-    from observe.query import QueryError, query_file
-
-    def run(sql: str):
-        try:
-            result = query_file(db, sql, max_rows=ROWS_MAX, timeout_s=600)
-        except QueryError as exc:
-            raise click.UsageError(one_line(exc))
-        return result.columns, result.rows
-
-    return run
+    return TraceSource(db=db).columns_and_rows(max_rows=ROWS_MAX, timeout_s=600)
 
 
 def _policies(path: str | None):
@@ -55,22 +45,6 @@ def _float_list(text: str) -> list[float]:
     return values
 
 
-def _table(columns: dict[str, dict]) -> str:
-    names = list(columns)
-    lines = [["", *names]] + [[k, *(_fmt(k, columns[n][k]) for n in names)] for k in SHOWN]
-    widths = [max(len(row[i]) for row in lines) for i in range(len(lines[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-                     for row in lines) + "\n"
-
-
-def _fmt(key: str, value) -> str:
-    if key == "requests":
-        return str(value)
-    if key in ("attainment", "shed_rate"):
-        return f"{value:.2%}"
-    return f"{value:.4f}"
-
-
 @click.command("replay")
 @click.option("--db", required=True, type=click.Path(dir_okay=False),
               help="Recorded trace-log file, opened read-only.")
@@ -97,49 +71,16 @@ def replay(db, calibration_db, candidate, baseline, loads, replicas, fmt):
     Example: tailguard replay --db run.duckdb --policies stricter.yaml
     Out of sample: tailguard replay --db tuesday.duckdb --calibrate-from monday.duckdb
     """
-    from slo.sim import replay as rp
-    from slo.sim.engine_model import calibrate
+    from slo.sim.report import calibrated_recording, format_report, replay_report
 
-    query = _query(db)
     try:
-        model = calibrate(_query(calibration_db) if calibration_db else query)
-        recorded = rp.load_recorded(query)
+        model, recorded = calibrated_recording(
+            _query(db), _query(calibration_db) if calibration_db else None)
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
     base = _policies(baseline)
-    if loads:
-        result = {"model": model.describe(), "scale": [
-            row for load in loads for row in rp.scale(model, base, recorded, load, replicas)]}
-    elif candidate:
-        result = {"model": model.describe(),
-                  **rp.compare(model, base, _policies(candidate), recorded)}
-    else:
-        result = {"model": model.describe(), **rp.validate(model, base, recorded)}
-    result["model"]["calibrated_on"] = calibration_db or db
-    click.echo(json.dumps(result, indent=1) if fmt == "json" else _render(result), nl=False)
-
-
-def _render(result: dict) -> str:
-    m = result["model"]
-    head = (f"engine model (calibrated on {m['calibrated_on']}): step = {m['step_base_s'] * 1e3:.2f} ms + "
-            f"{m['step_per_seq_s'] * 1e6:.0f} us/seq + {m['step_per_token_s'] * 1e6:.1f} us/token"
-            f" (R^2 {m['fit_r2']:.2f} over {m['steps_fitted']} steps), budget "
-            f"{m['token_budget']} tokens/step, KV {m['kv_capacity_tokens']} tokens, "
-            f"overhead {m['overhead_s'] * 1e3:.1f} ms\n")
-    if "scale" in result:
-        rows = [["load", "replicas", "attainment", "shed", "ttft p99 s", "fleet goodput/s"]]
-        rows += [[f"{r['load']:g}x", str(r["replicas"]), f"{r['attainment']:.2%}",
-                  f"{r['shed_rate']:.2%}", f"{r['ttft_p99_s']:.3f}",
-                  f"{r['fleet_goodput_rps']:.1f}"] for r in result["scale"]]
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return head + "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths))
-                                for r in rows) + "\n"
-    columns = {k: result[k] for k in ("actual", "simulated", "baseline", "candidate")
-               if k in result}
-    text = head + _table(columns)
-    if "error" in result:
-        e = result["error"]
-        text += (f"simulated - actual: attainment {100 * e['attainment']:+.2f} pts, goodput "
-                 f"{e['goodput_rps']:+.3f}/s, shed {100 * e['shed_rate']:+.2f} pts, TTFT p50 "
-                 f"{e['ttft_p50_s'] * 1e3:+.1f} ms, p99 {e['ttft_p99_s'] * 1e3:+.1f} ms\n")
-    return text
+    chosen = _policies(candidate) if candidate and not loads else None  # --load wins
+    result = replay_report(model, recorded, base, chosen, loads, replicas,
+                           calibrated_on=calibration_db or db)
+    click.echo(json.dumps(result, indent=1) if fmt == "json" else format_report(result),
+               nl=False)

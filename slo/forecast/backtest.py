@@ -65,6 +65,21 @@ class Backtest:
                 "margin_vs_runner_up": self.margin(),
                 "scores": [_plain(s) for s in self.scores]}
 
+    def table(self) -> str:
+        """The scores as `tailguard forecast eval/train` prints them, best first."""
+        last = self.score("last_value")
+        lines = [f"{self.target}, {self.horizon_s:.0f} s ahead, {self.step_s:g} s steps, "
+                 f"{self.winner.origins} origins after {self.train_steps} training steps",
+                 f"{'model':<12} {'MAE':>10} {'RMSE':>10} {'vs last':>8} {'fit s':>7}"]
+        for s in self.scores:
+            ratio = f"{s.mae / last.mae:.3f}" if last and last.mae else "-"
+            lines.append(f"{s.name:<12} {s.mae:>10.4g} {s.rmse:>10.4g} {ratio:>8} "
+                         f"{s.fit_s:>7.1f}")
+        margin = self.margin()
+        lines.append(f"winner: {self.winner.name}" + (
+            f" ({1 - margin:.1%} lower MAE than the runner-up)" if margin is not None else ""))
+        return "\n".join(lines)
+
 
 def _plain(score: Score) -> dict:
     return {k: getattr(score, k) for k in Score.__slots__}
