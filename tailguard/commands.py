@@ -30,8 +30,10 @@ def model_init(directory):
     click.echo(str(ensure_model(directory)))
 
 
+# Each option's parameter is named after the ServerConfig field it sets, so the options
+# map onto the config in one step (tests/test_cli.py holds every name to a field).
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.option("--model", "model_path", type=click.Path(exists=True, file_okay=False),
+@click.option("--model", type=click.Path(exists=True, file_okay=False),
               help="Local Hugging Face model directory (default: the embedded model).")
 @click.option("--served-model-name", help="Name clients use for the model.")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -39,15 +41,15 @@ def model_init(directory):
 @click.option("--db", help="Trace-log DuckDB file (default: $TAILGUARD_DB or tailguard.duckdb).")
 @click.option("--admin-token-file", type=click.Path(dir_okay=False),
               help="Admin token file (default: $TAILGUARD_ADMIN_TOKEN, else generated).")
-@click.option("--flush-interval", type=click.FloatRange(0.01, 60), help="Trace flush period, s.")
+@click.option("--flush-interval", "flush_interval_s", type=click.FloatRange(0.01, 60), help="Trace flush period, s.")
 @click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
               help="SLO spec YAML (default: the one shipped with tailguard).")
 @click.option("--model-dir", type=click.Path(file_okay=False),
               help="Where the trained latency/memory models live (default: DB + '.models').")
-@click.option("--retrain-interval", type=click.FloatRange(min=0),
+@click.option("--retrain-interval", "retrain_interval_s", type=click.FloatRange(min=0),
               help="Seconds between latency-model retrains from the trace log "
                    "(default: $TAILGUARD_RETRAIN_S or 600; 0: never).")
-@click.option("--reselect-interval", type=click.FloatRange(min=0),
+@click.option("--reselect-interval", "reselect_interval_s", type=click.FloatRange(min=0),
               help="Seconds between memory-forecaster backtests that pick the live model "
                    "(default: $TAILGUARD_FORECAST_RESELECT_S or 1800; 0: never).")
 @click.option("--keys", "keys_file", type=click.Path(dir_okay=False),
@@ -67,7 +69,7 @@ def model_init(directory):
               help="Rotate old trace rows into hive-partitioned Parquet here (off if unset).")
 @click.option("--archive-after", help="Keep this much in the DB before archiving, e.g. 30d "
               "(default: the longest SLO window, so error budgets stay whole).")
-@click.option("--archive-interval", type=click.FloatRange(min=1), default=3600,
+@click.option("--archive-interval", "archive_interval_s", type=click.FloatRange(min=1), default=3600,
               show_default=True, help="Seconds between archive rotations.")
 @click.option("--instance", help="This server's name in the archive (default: host_port).")
 @click.option("--profile-server", help="Continuous profiling to this Pyroscope server "
@@ -76,10 +78,7 @@ def model_init(directory):
               "X-Forwarded-For names the client (default: $TAILGUARD_FORWARDED_ALLOW_IPS; "
               "none: the client is the TCP peer).")
 @click.argument("vllm_args", nargs=-1, type=click.UNPROCESSED)
-def serve(model_path, served_model_name, host, port, db, admin_token_file, flush_interval,
-          slo_file, model_dir, retrain_interval, reselect_interval, keys_file, policy_file,
-          enable_fault_injection, max_body_bytes, otlp_endpoint, otlp_protocol, archive_dir, archive_after,
-          archive_interval, instance, profile_server, forwarded_allow_ips, vllm_args):
+def serve(**options):
     """OpenAI-compatible server with full observation.
 
     Arguments after `--` go to vLLM's engine unchanged.
@@ -88,21 +87,11 @@ def serve(model_path, served_model_name, host, port, db, admin_token_file, flush
     """
     from serving.config import ServerConfig
 
-    if not model_path:
-        model_path, served_model_name = str(_embedded_model()), served_model_name or EMBEDDED_NAME
+    if not options["model"]:
+        options.update(model=str(_embedded_model()),
+                       served_model_name=options["served_model_name"] or EMBEDDED_NAME)
     try:
-        config = ServerConfig(
-            model=model_path, served_model_name=served_model_name,
-            host=host, port=port, db=db, admin_token_file=admin_token_file,
-            flush_interval_s=flush_interval, slo_file=slo_file, model_dir=model_dir,
-            retrain_interval_s=retrain_interval, reselect_interval_s=reselect_interval,
-            keys_file=keys_file, policy_file=policy_file,
-            enable_fault_injection=enable_fault_injection, max_body_bytes=max_body_bytes,
-            otlp_endpoint=otlp_endpoint,
-            otlp_protocol=otlp_protocol, archive_dir=archive_dir, archive_after=archive_after,
-            archive_interval_s=archive_interval, instance=instance,
-            profile_server=profile_server, forwarded_allow_ips=forwarded_allow_ips,
-            vllm_args=list(vllm_args))
+        config = ServerConfig(**{**options, "vllm_args": list(options["vllm_args"])})
     except ValueError as exc:
         raise click.UsageError(str(exc))
     from serving.admin.auth import AdminTokenError

@@ -169,3 +169,42 @@ def test_slo_status_on_a_file(trace_file):
     data = json.loads(out.stdout)
     names = [s["name"] for s in data["slos"] if not s["group"]]
     assert names == ["ttft", "first_token_health", "tpot", "e2e", "availability", "error_rate"]
+
+
+def test_every_serve_option_is_named_after_the_config_field_it_sets():
+    from dataclasses import fields
+
+    from serving.config import ServerConfig
+    from tailguard.commands import serve
+
+    settable = {f.name for f in fields(ServerConfig) if f.init}
+    assert {p.name for p in serve.params} <= settable
+
+
+def test_serve_hands_each_option_to_its_config_field(tmp_path, monkeypatch):
+    """Every option reaches ServerConfig unchanged (the server itself is stubbed out)."""
+    import types
+
+    from click.testing import CliRunner
+
+    from tailguard.cli import main
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    seen = []
+    monkeypatch.setitem(sys.modules, "serving.server", types.SimpleNamespace(run=seen.append))
+    result = CliRunner().invoke(main, [
+        "serve", "--model", str(model), "--served-model-name", "m", "--port", "8123",
+        "--db", str(tmp_path / "t.duckdb"), "--flush-interval", "2", "--retrain-interval", "0",
+        "--reselect-interval", "7", "--max-body-bytes", "2048", "--archive-dir",
+        str(tmp_path / "archive"), "--archive-after", "2d", "--archive-interval", "60",
+        "--instance", "a", "--forwarded-allow-ips", "*", "--", "--max-num-seqs", "4"])
+    assert result.exit_code == 0, result.output
+    (config,) = seen
+    assert (config.model, config.served_model_name, config.port) == (str(model), "m", 8123)
+    assert (config.flush_interval_s, config.retrain_interval_s, config.reselect_interval_s,
+            config.max_body_bytes) == (2.0, 0.0, 7.0, 2048)
+    assert (config.archive.retention_s, config.archive.interval_s, config.archive.instance) \
+        == (2 * 86400, 60.0, "a")
+    assert (config.forwarded_allow_ips, config.vllm_args) == ("*", ["--max-num-seqs", "4"])
