@@ -20,12 +20,12 @@ from bench.serving.overhead_sides import (
     make_prompts,
     side_turn,
 )
+from observe.settings import TAILGUARD_STEP_SOCKET as ENV_STEP_SOCKET  # set: the probe runs
 
 ORDERS = (("off", "on", "bare", "observed"), ("observed", "bare", "on", "off"),
           ("bare", "observed", "off", "on"), ("on", "off", "observed", "bare"))
 ENGINES = ("off", "on", "runtime")
 SETTLE_S = 1.2  # pause after each side-turn: the trace log's 1 s flush lands in it
-ENV_STEP_SOCKET = "TAILGUARD_STEP_SOCKET"  # the step plugin's; set, the probe runs
 PINNED_LIMIT = 64  # >= the concurrency, so the limiter never holds a request back
 PINNED_LIMIT_YAML = (f"batch_floor: {PINNED_LIMIT}\nbatch_initial: {PINNED_LIMIT}\n"
                      f"batch_cap: {PINNED_LIMIT}\n")
