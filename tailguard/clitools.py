@@ -67,16 +67,19 @@ class TraceSource:
 
         return query_url(self.url, sql, self.token_file, max_rows)
 
-    def columns_and_rows(self, max_rows: int, timeout_s: float):
-        """`sql -> (columns, rows)`, what the SLO and simulation packages read with; a
-        QueryError becomes a one-line usage error."""
+    def checked(self, sql: str, max_rows: int = 10_000, timeout_s: float = 10.0) -> QueryResult:
+        """`query`, with a QueryError made a one-line usage error."""
         from observe.query import QueryError
 
+        try:
+            return self.query(sql, max_rows=max_rows, timeout_s=timeout_s)
+        except QueryError as exc:
+            raise click.UsageError(one_line(exc))
+
+    def columns_and_rows(self, max_rows: int, timeout_s: float):
+        """`sql -> (columns, rows)`, what the SLO and simulation packages read with."""
         def run(sql: str) -> tuple[list[str], list[tuple]]:
-            try:
-                result = self.query(sql, max_rows=max_rows, timeout_s=timeout_s)
-            except QueryError as exc:
-                raise click.UsageError(one_line(exc))
+            result = self.checked(sql, max_rows, timeout_s)
             return result.columns, result.rows
 
         return run

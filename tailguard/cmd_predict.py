@@ -16,17 +16,8 @@ _DB = click.option("--db", required=True, type=click.Path(dir_okay=False),
                    help="Trace-log file, opened read-only.")
 
 
-def _result(source: TraceSource, sql: str, max_rows: int = 10_000, timeout_s: float = 300):
-    from observe.query import QueryError
-
-    try:
-        return source.query(sql, max_rows=max_rows, timeout_s=timeout_s)
-    except QueryError as exc:
-        raise click.UsageError(one_line(exc))
-
-
 def _rows(db: str, sql: str) -> list[tuple]:
-    return _result(TraceSource(db=db), sql, max_rows=ROWS_MAX).rows
+    return TraceSource(db=db).checked(sql, max_rows=ROWS_MAX, timeout_s=300).rows
 
 
 def _default_model(db: str, name: str) -> Path:
@@ -99,7 +90,7 @@ def _served_accuracy(db: str) -> str:
     from slo.predict.accuracy import never_predicted_sql, served_accuracy_sql, served_report
 
     source = TraceSource(db=db)
-    return served_report(*(_result(source, sql, timeout_s=120)
+    return served_report(*(source.checked(sql, timeout_s=120)
                            for sql in (served_accuracy_sql(), never_predicted_sql())))
 
 
