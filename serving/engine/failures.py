@@ -1,7 +1,7 @@
 """What an engine failure means to the requests on it: the kinds of fault, the
 watchdog's timeout, and the `EngineFailure` each request in flight ends with
 (`ObservedEngine` in `serving/engine/observed.py` detects them; the HTTP layer
-answers each with a 503, `serving.errors.from_outcome`)."""
+answers each with a 503)."""
 
 from __future__ import annotations
 
