@@ -22,7 +22,6 @@ import time
 from collections.abc import AsyncIterator
 
 import psutil
-from vllm.v1.engine.output_processor import RequestOutputCollector
 
 from observe.record import RequestRecord
 from observe.stats import WallClock
@@ -57,6 +56,11 @@ class ObservedEngine:
 
     def __init__(self, engine, ledger: StepLedger, clock: WallClock, admission=None,
                  hang_s: float | None = None):
+        # imported here, once: vLLM loads with an engine, not with this module (a
+        # `serve` that refuses its arguments must not wait for vLLM)
+        from vllm.v1.engine.output_processor import RequestOutputCollector
+
+        self._mailbox_type = RequestOutputCollector
         self._engine = engine
         self._ledger = ledger
         self._clock = clock
@@ -193,8 +197,8 @@ class ObservedEngine:
             prompt, prompt_tokens = verdict.prompt, verdict.prompt_tokens
         # vLLM's own mailbox: deltas merge while the reader lags, so an unread
         # stream holds one merged output, not one object per token.
-        mailbox = RequestOutputCollector(getattr(sampling_params, "output_kind", None),
-                                         request_id)
+        mailbox = self._mailbox_type(getattr(sampling_params, "output_kind", None),
+                                     request_id)
         pump = asyncio.create_task(self._pump(rec, (prompt, sampling_params, request_id,
                                                     *args), kwargs, prompt_tokens, mailbox))
         self._watch_pump(rec.request_id, pump)
