@@ -7,6 +7,7 @@ The whole path reads in `_generate`, over the typed `RequestDeps` the runtime bu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -77,6 +78,8 @@ async def serve_generation(raw: Request, endpoint: Endpoint, deps: RequestDeps):
         log.exception("request %s failed", rec.request_id)
         error = ApiError(500, "internal_error", f"internal error: {type(exc).__name__}")
         rec.fail(error.status, error.error_type, str(exc), error.outcome)
+        with contextlib.suppress(Exception):  # the row matters more than the clean-up
+            await settle(engine, rec)  # the engine wrapper forgets the request
         deps.observer.finish(rec, span)
         return _with_id(error.response(), rec)
     if isinstance(result, AsyncIterator):

@@ -39,6 +39,7 @@ from observe.settings import TAILGUARD_ENGINE_HANG_S
 from observe.stats import WallClock
 from serving.engine import observed as E
 from serving.engine import failures as F
+from serving.engine.step_receiver import NoStepLedger
 from serving.errors import from_outcome
 from tests.conftest import start_server, stop_server
 
@@ -65,16 +66,6 @@ EXPECTED = {
 
 
 # --- the watchdog and the failure mapping, on a fake engine ------------------------
-
-
-class FakeLedger:
-    steps_seen = 0
-
-    def track(self, *args):
-        pass
-
-    def untrack(self, *args):
-        pass
 
 
 class FakeEngine:
@@ -104,7 +95,7 @@ class FakeEngine:
 def test_watchdog_trips_only_when_the_engine_owes_output_and_makes_no_progress():
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    inner, ledger = FakeEngine(), FakeLedger()
+    inner, ledger = FakeEngine(), NoStepLedger()
     eng = E.ObservedEngine(inner, ledger, WallClock(), hang_s=5)
     assert not eng.watchdog(100) and not eng.watchdog(200)  # idle: never hung
     eng.in_flight = 1  # a stream whose slow client still holds it; the engine is done
@@ -119,7 +110,7 @@ def test_watchdog_trips_only_when_the_engine_owes_output_and_makes_no_progress()
     assert len(inner.propagated) == 1 and isinstance(inner.propagated[0], EngineDeadError)
     assert eng.watchdog(400) and len(inner.propagated) == 1  # once
 
-    off = E.ObservedEngine(FakeEngine(), FakeLedger(), WallClock(), hang_s=0)
+    off = E.ObservedEngine(FakeEngine(), NoStepLedger(), WallClock(), hang_s=0)
     off._engine.unfinished = 1
     assert not off.watchdog(100) and not off.watchdog(10_000)
 
@@ -151,12 +142,12 @@ def _generate(eng: E.ObservedEngine) -> F.EngineFailure | None:
 def test_a_request_the_engine_fails_under_carries_the_failure():
     from vllm.v1.engine.exceptions import EngineDeadError
 
-    dead = E.ObservedEngine(FakeEngine(EngineDeadError()), FakeLedger(), WallClock())
+    dead = E.ObservedEngine(FakeEngine(EngineDeadError()), NoStepLedger(), WallClock())
     err = from_outcome(_generate(dead))
     assert (err.status, err.error_type, err.outcome) == (503, "engine_dead", "error")
     assert dead.fault == F.ENGINE_DEAD and err.headers["Retry-After"].isdigit()
     # any other failure of a healthy engine is not an engine failure
-    healthy = E.ObservedEngine(FakeEngine(ValueError("bad")), FakeLedger(), WallClock())
+    healthy = E.ObservedEngine(FakeEngine(ValueError("bad")), NoStepLedger(), WallClock())
     assert _generate(healthy) is None and healthy.fault is None
 
 

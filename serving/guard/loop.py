@@ -9,20 +9,39 @@ import asyncio
 import logging
 import time
 from datetime import datetime, timezone
+from typing import Protocol
 
 from observe.record import RequestRecord
 from observe.stats import EngineSnapshot
-from serving.engine.fault_injection import FaultInjector
-from serving.limiter import Limiter
 from serving.admin.overrides import OverrideStore
+from serving.admission import Admission
+from serving.engine.fault_injection import FaultInjector
+from serving.engine.load import LoadTracker
+from serving.engine.stats import EngineSecond
+from serving.guard.live_forecast import ForecastService
+from serving.limiter import Limiter
 from slo.policy import conditions as P
 from slo.policy.decisions import Decisions
-from slo.policy.lifecycle import ACTIVE
 from slo.policy.engine import PolicyEngine
+from slo.policy.lifecycle import ACTIVE
 
 log = logging.getLogger("tailguard.policy")
 TICK_S = 1.0
 FAILURE_POLL_S = 0.1  # between ticks, how often the engine is checked for a failure
+
+
+class GuardedServer(Protocol):
+    """What the loop reads from the server it guards, and the one thing it may ask of
+    it besides publishing decisions to admission: an engine restart (breaker L2)."""
+
+    engine_failed: bool
+    load: LoadTracker  # queue depth
+    second: EngineSecond  # KV-cache usage
+    forecast: ForecastService  # the KV-cache forecast
+    admission: Admission  # where decisions are published
+    handle: object | None  # `.engine.watchdog()`: the engine's hang check
+
+    async def restart_engine(self) -> None: ...
 
 
 class Guard:
@@ -54,25 +73,25 @@ class Guard:
 
     # --- the loop ------------------------------------------------------------------------
 
-    def start(self, runtime) -> None:
+    def start(self, runtime: GuardedServer) -> None:
         restored = self.overrides.restore()
         if restored:
             log.warning("overrides in force from before the restart: %s", ", ".join(restored))
         self.tick(runtime)
         self._task = asyncio.create_task(self._run(runtime))
 
-    async def _run(self, runtime) -> None:
+    async def _run(self, runtime: GuardedServer) -> None:
         while True:
             await self._until_next_tick(runtime)
             self._safe_tick(runtime)
 
-    def _safe_tick(self, runtime) -> None:
+    def _safe_tick(self, runtime: GuardedServer) -> None:
         try:
             self.tick(runtime)
         except Exception:  # the loop must outlive any one bad evaluation
             log.exception("policy evaluation failed")
 
-    async def _until_next_tick(self, runtime) -> None:
+    async def _until_next_tick(self, runtime: GuardedServer) -> None:
         """`TICK_S`, cut short when the engine fails: breaker L2 trips (and restarts
         it) at once rather than up to a second later."""
         deadline = time.monotonic() + TICK_S
@@ -81,7 +100,7 @@ class Guard:
             if runtime.engine_failed and self.engine.machines[P.BREAKER_L2].state != ACTIVE:
                 return
 
-    def tick(self, runtime, now: float | None = None) -> Decisions:
+    def tick(self, runtime: GuardedServer, now: float | None = None) -> Decisions:
         now = time.time() if now is None else now
         self._watch_engine(runtime)
         signals = self.engine.signals(
@@ -98,7 +117,7 @@ class Guard:
         return decisions
 
     @staticmethod
-    def _watch_engine(runtime) -> None:
+    def _watch_engine(runtime: GuardedServer) -> None:
         """The engine watchdog (a hung engine raises no exception): it kills an engine
         that stopped making progress under requests, so `engine_failed` trips L2."""
         handle = getattr(runtime, "handle", None)
@@ -106,7 +125,7 @@ class Guard:
         if callable(watchdog):
             watchdog()
 
-    async def _restart(self, runtime) -> None:
+    async def _restart(self, runtime: GuardedServer) -> None:
         self.restarts += 1
         self._record_event(P.BREAKER_L2, "active", "active", "restarting the engine",
                            {"restart": self.restarts})
