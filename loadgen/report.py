@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from observe.registry import CONTEXT_BUCKETS, context_bucket
 from loadgen.runner import Result
+from observe.registry import CONTEXT_BUCKETS, context_bucket
 from slo.spec import LATENCY_SLIS, SLOSpec
 
 PERCENTILES = (50, 95, 99)

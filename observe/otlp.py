@@ -20,8 +20,12 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from observe import settings
-from observe.settings import (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_EXPORTER_OTLP_HEADERS,
-                              OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_METRIC_EXPORT_INTERVAL)
+from observe.settings import (
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_HEADERS,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_METRIC_EXPORT_INTERVAL,
+)
 
 PROTOCOL_HTTP: Final = "http/protobuf"
 PROTOCOL_GRPC: Final = "grpc"

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from observe import registry as R
 from observe.record import RequestRecord
 from serving.engine.fault_injection import FaultInjector
-from serving.limiter import Limiter, LimiterTimeout
 from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
+from serving.limiter import Limiter, LimiterTimeout
 from slo.policy.decisions import Decisions
 
 

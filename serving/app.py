@@ -11,9 +11,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from serving.admin.routes import create_admin_router
 from serving.admin.auth import admin_router
 from serving.admin.policies import create_policy_router
+from serving.admin.routes import create_admin_router
 from serving.errors import ApiError
 from serving.generation import Endpoint, serve_generation
 from serving.runtime import Runtime

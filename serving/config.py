@@ -9,17 +9,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from observe.archive import ArchiveConfig, instance_name
 from observe import settings as S
+from observe.archive import ArchiveConfig, instance_name
 from observe.otlp import OtlpConfig, otlp_config_from
-from serving.http_limits import (DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S,
-                                 DEFAULT_KEEP_ALIVE_S, HttpLimits, default_max_connections)
+from serving.http_limits import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_KEEP_ALIVE_S,
+    HttpLimits,
+    default_max_connections,
+)
 from serving.keys import KeyRing, load_keys
 from serving.profiling import ProfilingConfig, profiling_config_from
 from slo import model_files
-from slo.policy.conditions import PolicyConfig
 from slo.durations import parse_duration
 from slo.loading import load_spec
+from slo.policy.conditions import PolicyConfig
 from slo.spec import SLOSpec
 
 DEFAULT_DB = "tailguard.duckdb"

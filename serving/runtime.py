@@ -26,21 +26,21 @@ from observe.tracing import RequestSpans, create_tracer_provider
 from serving.admin.auth import resolve_admin_token
 from serving.admission import Admission
 from serving.config import ServerConfig
+from serving.engine.fault_injection import FaultInjector
+from serving.engine.load import LoadTracker, resident_bytes
 from serving.engine.observed import ObservedEngine
 from serving.engine.setup import start_engine, vllm_namespace
 from serving.engine.stats import EngineSecond, stat_logger_factory
-from serving.engine.fault_injection import FaultInjector
-from serving.guard.live_forecast import ForecastService
-from serving.guard.loop import Guard
-from serving.keys import KeyRing
-from serving.engine.load import LoadTracker, resident_bytes
-from serving.observer import Observer
-from serving.guard.periodic import Periodic
-from serving.guard.live_predictor import PredictionService
-from serving.quota import SequenceQuota
-from serving.profiling import start_profiling, stop_profiling
 from serving.engine.step_receiver import StepLedger
 from serving.engine.warmup import warm_up
+from serving.guard.live_forecast import ForecastService
+from serving.guard.live_predictor import PredictionService
+from serving.guard.loop import Guard
+from serving.guard.periodic import Periodic
+from serving.keys import KeyRing
+from serving.observer import Observer
+from serving.profiling import start_profiling, stop_profiling
+from serving.quota import SequenceQuota
 
 log = logging.getLogger("tailguard")
 

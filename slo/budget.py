@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from slo.durations import parse_duration
-
 from slo.spec import SLO, SLOSpec
 from slo.verdicts import bad_sql, event_sql
 from slo.windows import sli_windows

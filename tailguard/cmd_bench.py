@@ -38,7 +38,8 @@ def bench(url, scenario, rate, duration, max_requests, output_tokens, model, api
     """
     import httpx
 
-    from loadgen import report as bench_report, runner as loadgen
+    from loadgen import report as bench_report
+    from loadgen import runner as loadgen
     from loadgen.workload import Workload
     from slo.loading import load_spec
     from slo.spec import SpecError

@@ -32,8 +32,8 @@ def up(host, port, console_port, db, demo, demo_rate, console_auth, serve_args):
     Example: tailguard up --demo
     """
     from dashboards.console.auth import Access
-    from tailguard.launcher import Launcher, LaunchError
     from serving.engine.embedded_model import ensure_model
+    from tailguard.launcher import Launcher, LaunchError
 
     if S.is_set(S.TAILGUARD_ADMIN_TOKEN):  # the server would refuse it, but after a minute
         _usable(S.get(S.TAILGUARD_ADMIN_TOKEN), f"${S.TAILGUARD_ADMIN_TOKEN}")

@@ -16,8 +16,13 @@ import duckdb
 import httpx
 import pytest
 
-from serving.admin.query import (DEFAULT_QUERY_BYTES, MAX_QUERY_BYTES, AdminQueryConfig,
-                                 encode_answer, parse_query_body)
+from serving.admin.query import (
+    DEFAULT_QUERY_BYTES,
+    MAX_QUERY_BYTES,
+    AdminQueryConfig,
+    encode_answer,
+    parse_query_body,
+)
 from serving.errors import ApiError
 from tests.conftest import ADMIN_TOKEN
 

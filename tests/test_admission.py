@@ -13,12 +13,12 @@ import pytest
 from observe import registry as R
 from observe.record import RequestRecord
 from serving.admission import Admission, Refusal
+from serving.engine.fault_injection import FaultInjector
+from serving.engine.load import LoadTracker
 from serving.engine.stats import EngineSecond
 from serving.errors import from_refusal
-from serving.engine.fault_injection import FaultInjector
-from serving.limiter import Limiter, LimiterTimeout
-from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
+from serving.limiter import Limiter, LimiterTimeout
 from slo.policy.decisions import Decisions
 
 

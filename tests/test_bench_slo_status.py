@@ -12,8 +12,8 @@ import pytest
 import observe.query
 from bench.tracelog.slo_status import build, slo_status
 from slo.budget import compute_status
-from slo.report import status_to_dict
 from slo.loading import load_spec
+from slo.report import status_to_dict
 
 
 @pytest.fixture

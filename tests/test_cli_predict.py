@@ -22,8 +22,8 @@ from click.testing import CliRunner
 
 from observe.tracelog import TraceLog
 from slo.forecast.forecaster import load_forecaster
-from slo.predict.model import MIN_ROWS, load_model
 from slo.forecast.series import Series
+from slo.predict.model import MIN_ROWS, load_model
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 REQUESTS = 600

@@ -37,8 +37,8 @@ import pytest
 from observe.record import RequestRecord
 from observe.settings import TAILGUARD_ENGINE_HANG_S
 from observe.stats import WallClock
-from serving.engine import observed as E
 from serving.engine import failures as F
+from serving.engine import observed as E
 from serving.engine.step_receiver import NoStepLedger
 from serving.errors import from_outcome
 from tests.conftest import start_server, stop_server

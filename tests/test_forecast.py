@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from slo.forecast.backtest import BOUNDS, backtest, clip
-from slo.forecast.forecaster import MemoryForecaster, load_forecaster
 from slo.forecast.baselines import ALPHAS, EWMA, Holt, LastValue, RidgeLags
+from slo.forecast.forecaster import MemoryForecaster, load_forecaster
 from slo.forecast.lstm import LSTMForecaster
 from slo.forecast.series import COLUMNS, Series, horizon_steps, series_sql
 

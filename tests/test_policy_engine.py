@@ -10,7 +10,6 @@ import pytest
 from slo.policy import conditions as P
 from slo.policy.batch_size import BatchController, LimitChange
 from slo.policy.decisions import Decisions, decide
-from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile
 from slo.policy.lifecycle import (
     ACTIVE,
     AUTO,
@@ -23,6 +22,7 @@ from slo.policy.lifecycle import (
     Timing,
     Transition,
 )
+from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile
 
 T0 = 1_000_000.0  # epoch seconds; any non-zero start
 CONFIG = P.PolicyConfig()

@@ -35,9 +35,9 @@ from observe.registry import (
 )
 from observe.tracelog import TraceLog
 from slo.budget import compute_status
-from slo.policy.live_windows import SampleWindow, quantile
 from slo.durations import format_duration, parse_duration
 from slo.loading import load_spec, parse_spec
+from slo.policy.live_windows import SampleWindow, quantile
 from slo.spec import EVENT_SLIS, LATENCY_SLIS, SLIS, SLO, SLOSpec, SpecError
 from slo.targets import ContextTarget, FixedTarget, TableTarget
 from slo.verdicts import LATENCY_COLUMNS, Judge

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from slo.loading import load_spec, parse_spec
-
 from slo.spec import SpecError
 from slo.targets import ContextTarget, FixedTarget, TableTarget
 

@@ -21,11 +21,11 @@ import numpy as np
 
 from observe.record import RequestRecord
 from serving.admission import Admission
-from serving.engine.stats import EngineSecond
 from serving.engine.fault_injection import FaultInjector
-from serving.limiter import Limiter
 from serving.engine.load import LoadTracker
+from serving.engine.stats import EngineSecond
 from serving.guard.live_predictor import PredictionService
+from serving.limiter import Limiter
 from slo.predict.features import TrainingSet, training_sql
 from slo.predict.model import SeedModel, train
 

@@ -16,7 +16,6 @@ from bench.common import start_tailguard
 from loadgen.runner import Target, run
 from loadgen.workload import Workload
 
-
 KEYS = {"realtime": ("sk-bench-rt", 0.6), "vip": ("sk-bench-vip", 0.1),
         "batch": ("sk-bench-batch", 0.3)}
 KEYS_YAML = """keys:

@@ -98,10 +98,10 @@ async def worker(args, out_path: Path, proc_index: int) -> None:
     from vllm import SamplingParams
 
     from serving.config import ServerConfig
-    from serving.engine.setup import start_engine, vllm_namespace
     from serving.engine.embedded_model import ensure_model
-    from serving.runtime import Runtime
+    from serving.engine.setup import start_engine, vllm_namespace
     from serving.engine.step_receiver import StepLedger
+    from serving.runtime import Runtime
 
     model = ensure_model()
     vocab = json.loads((model / "config.json").read_text())["vocab_size"]

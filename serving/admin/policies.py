@@ -15,8 +15,8 @@ import dataclasses
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from serving.admin.routes import jsonable
 from serving.admin.auth import admin_router
+from serving.admin.routes import jsonable
 from serving.errors import ApiError
 from slo.policy.lifecycle import MODES
 

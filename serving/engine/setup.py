@@ -20,8 +20,11 @@ import multiprocessing
 from argparse import Namespace
 
 from observe import settings
-from observe.settings import (TORCH_COMPILE_DISABLE, VLLM_CPU_KVCACHE_SPACE,
-                              VLLM_WORKER_MULTIPROC_METHOD)
+from observe.settings import (
+    TORCH_COMPILE_DISABLE,
+    VLLM_CPU_KVCACHE_SPACE,
+    VLLM_WORKER_MULTIPROC_METHOD,
+)
 from serving.engine.allocator import set_engine_env_defaults
 
 # Defaults that make a CPU box start in seconds; every one can be overridden by

@@ -15,8 +15,8 @@ from observe.record import RequestRecord
 from slo.policy import conditions as P
 from slo.policy.batch_size import BatchController
 from slo.policy.decisions import Decisions, decide
-from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile
 from slo.policy.lifecycle import ACTIVE, FORCE_OFF, INACTIVE, PolicyMachine, Transition
+from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile
 
 log = logging.getLogger("tailguard.policy")
 BREAKER_WINDOW_S = 10.0  # the P99 the breaker watches; it must stay high for 30 s

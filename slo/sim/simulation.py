@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from observe import registry as R
 from slo.policy import conditions as P
 from slo.policy.decisions import Decisions
-from slo.sim.engine_model import EngineModel
 from slo.policy.engine import PolicyEngine
+from slo.sim.engine_model import EngineModel
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
