@@ -21,6 +21,12 @@ ERROR_RATE_WINDOW = "5m"
 # KV-cache usage and its forecast: above R.MEMORY_PRESSURE_RATIO (SPEC §3, seed 002).
 QUEUE_DEPTH_MAX = 5  # seed 000: queue depth > 5 triggers the max_new_tokens cap
 BATCH_EFFICIENCY_MIN = 0.6  # seed 000: batch efficiency ("利用率") < 60%
+# The latency predictor's live TTFT p90 coverage per context bucket over the window,
+# below R.PREDICTION_COVERAGE_MIN for the hold; a window with fewer judged requests
+# than the minimum (an idle server, a trickle) judges nothing.
+COVERAGE_WINDOW = "10m"
+COVERAGE_HOLD = "30m"
+COVERAGE_MIN_JUDGED = 20
 GROUP = "tailguard-operational-alerts"
 
 
@@ -60,6 +66,16 @@ def _batch_efficiency(job: str) -> str:
             f"< {number(BATCH_EFFICIENCY_MIN)}\n")
 
 
+def _prediction_coverage(job: str) -> str:
+    def judged(metric: R.MetricDef) -> str:
+        return (f"sum by (instance, {R.LABEL_CONTEXT_BUCKET}) "
+                f"(increase({selector(metric.prom_name, job=job)}[{COVERAGE_WINDOW}]))")
+
+    every = judged(R.PREDICTION_TTFT_JUDGED)
+    return (f"{judged(R.PREDICTION_TTFT_WITHIN_P90)}\n/\n{every}\n"
+            f"< {number(R.PREDICTION_COVERAGE_MIN)}\nand\n{every}\n>= {COVERAGE_MIN_JUDGED}\n")
+
+
 _VALUE_PCT = "{{ $value | humanizePercentage }}"
 _ON = "on {{ $labels.instance }}"
 
@@ -93,6 +109,13 @@ OPS_ALERTS = (
              f"Only {_VALUE_PCT} of the requests in the engine {_ON} are in the running"
              " batch; the rest wait (running / (running + waiting), threshold"
              f" {BATCH_EFFICIENCY_MIN:.0%})."),
+    OpsAlert("TailguardPredictionCoverageLow", "ticket", COVERAGE_HOLD, _prediction_coverage,
+             "Latency predictor's p90 TTFT coverage below"
+             f" {R.PREDICTION_COVERAGE_MIN:.0%} {_ON}.",
+             f"Only {_VALUE_PCT} of the requests {_ON} in context bucket"
+             f" {label_value(R.LABEL_CONTEXT_BUCKET)} over {COVERAGE_WINDOW} had a TTFT at or"
+             f" under its predicted p90 (threshold {R.PREDICTION_COVERAGE_MIN:.0%}, goal 90%):"
+             " the predictor has drifted and admission decisions rest on it."),
     OpsAlert("TailguardTargetDown", "page", "1m", lambda job: f'up{{job="{job}"}} == 0\n',
              "Prometheus cannot scrape {{ $labels.instance }}.",
              "The scrape of {{ $labels.instance }} (job {{ $labels.job }}) fails;"

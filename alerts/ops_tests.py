@@ -17,7 +17,7 @@ from alerts.promtool import counter_values, expected_alert, gauge_values, series
 from observe import registry as R
 
 MINUTES = 10
-EARLY, LATE = "0m", "9m"  # before any `for:` has elapsed; after all have
+EARLY = "0m"  # before any `for:` has elapsed; the last minute of a case's series is after
 INSTANCE = {"instance": HOST}
 JOB = {"job": "$job"}  # stands for the configured job in expected labels
 BUCKET = {R.LABEL_CONTEXT_BUCKET: R.CONTEXT_BUCKETS[0]}
@@ -30,6 +30,7 @@ class Case:
     inputs: tuple[tuple[str, dict, str], ...]  # (metric, labels, values)
     value: float | None = None  # the alert's value when it fires; None: silent
     labels: dict = field(default_factory=dict)  # result labels of the firing alert
+    minutes: int = MINUTES  # how long the series run; checked late in their last minute
 
 
 def _e2e(share_le_1: float) -> tuple:
@@ -56,6 +57,16 @@ def _engine(running: float, waiting: float) -> tuple:
     return _gauge(R.RUNNING, running) + _gauge(R.WAITING, waiting)
 
 
+COVERAGE_MINUTES = 40  # past the 30 m hold of TailguardPredictionCoverageLow
+
+
+def _coverage(judged: float, within: float) -> tuple:
+    """COVERAGE_MINUTES minutes of `judged` TTFT predictions a minute, `within` of them covered."""
+    return tuple((m.prom_name, BUCKET, counter_values([n] * COVERAGE_MINUTES))
+                 for m, n in ((R.PREDICTION_TTFT_JUDGED, judged),
+                              (R.PREDICTION_TTFT_WITHIN_P90, within)))
+
+
 HORIZON = {R.LABEL_HORIZON: "5m"}
 CASES = (
     Case("TailguardHighP99Latency", "every request slower than 1 s", _e2e(0.0),
@@ -75,6 +86,12 @@ CASES = (
     Case("TailguardLowBatchEfficiency", "2 running, 4 waiting", _engine(2, 4), 2 / 6, INSTANCE),
     Case("TailguardLowBatchEfficiency", "8 running, 1 waiting", _engine(8, 1)),
     Case("TailguardLowBatchEfficiency", "an idle engine", _engine(0, 0)),
+    Case("TailguardPredictionCoverageLow", "half the requests are within their p90",
+         _coverage(60, 30), 0.5, {**INSTANCE, **BUCKET}, COVERAGE_MINUTES),
+    Case("TailguardPredictionCoverageLow", "95% of the requests are within their p90",
+         _coverage(60, 57), minutes=COVERAGE_MINUTES),
+    Case("TailguardPredictionCoverageLow", "a trickle of requests is judged, none covered",
+         _coverage(1, 0), minutes=COVERAGE_MINUTES),
     Case("TailguardTargetDown", "the scrape fails",
          (("up", INSTANCE, gauge_values([0] * (MINUTES + 1))),), 0.0, {**JOB, **INSTANCE}),
     Case("TailguardTargetDown", "the scrape succeeds",
@@ -95,11 +112,12 @@ def ops_tests(config: RuleConfig) -> list[dict]:
 def _test(case: Case, rule: dict, job: str) -> dict:
     inputs = [{"series": series(m, job, **labels) if m != "up" else _up(job, labels),
                "values": values} for m, labels, values in case.inputs]
-    checks = [{"eval_time": LATE, "alertname": case.alert, "exp_alerts": []}]
+    late = f"{case.minutes - 1}m"
+    checks = [{"eval_time": late, "alertname": case.alert, "exp_alerts": []}]
     if case.value is not None:
         labels = {k: job if v == JOB["job"] else v for k, v in case.labels.items()}
         checks = [{"eval_time": EARLY, "alertname": case.alert, "exp_alerts": []},
-                  {"eval_time": LATE, "alertname": case.alert,
+                  {"eval_time": late, "alertname": case.alert,
                    "exp_alerts": [expected_alert(rule, labels, case.value)]}]
     verb = "fires" if case.value is not None else "stays silent"
     return {"name": f"{case.alert} {verb} when {case.name}", "interval": "1m",

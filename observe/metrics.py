@@ -76,6 +76,8 @@ class RequestMetrics:
         self._forecast = i[R.MEMORY_FORECAST.prom_name]
         self._policy = i[R.POLICY_ACTIVE.prom_name]
         self.slo_requests = i[R.SLO_REQUESTS.prom_name]
+        self._prediction = {target: tuple(i[m.prom_name] for m in trio)
+                            for target, trio in R.PREDICTION_METRICS.items()}
 
     def record_request(self, rec: RequestRecord) -> None:
         bucket = rec.context_bucket
@@ -94,6 +96,18 @@ class RequestMetrics:
 
     def _latency_instruments(self):
         return (instrument for instrument, _ in self._latency)
+
+    def record_prediction(self, target: str, bucket: str, error: float | None,
+                          within_p90: bool | None) -> None:
+        """One judged prediction of `target` (`ttft_s`, `tpot_s`): its p50's relative
+        error, and whether the actual was at or under its p90 (None: not judged)."""
+        errors, judged, within = self._prediction[target]
+        labels = {R.LABEL_CONTEXT_BUCKET: bucket}
+        if error is not None:
+            errors.record(error, labels)
+        if within_p90 is not None:
+            judged.add(1, labels)
+            within.add(1 if within_p90 else 0, labels)  # 0 too: coverage 0 is a value
 
     def record_step(self, batch_size: int) -> None:
         self._batch.record(batch_size)

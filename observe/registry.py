@@ -66,6 +66,9 @@ CONTEXT_TOKEN_BUCKETS: Final = (
     16, 32, 64, 128, 256, 512, 768, 1024, 1536, 2048, 3072, 4096,
     8192, 16384, 32768, 65536, 131072,
 )
+# A prediction's relative error |predicted p50 - actual| / actual: 1% to 10x.
+PREDICTION_ERROR_BUCKETS: Final = (
+    0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10)
 
 # --- metrics -------------------------------------------------------------------------
 Kind = Literal["histogram", "counter", "gauge"]
@@ -147,17 +150,56 @@ TRACE_ROWS_DROPPED: Final = MetricDef(
     "Trace-log rows lost for good: the memory bound was reached while the writer was "
     "behind or failing, or DuckDB refused their content.", (LABEL_TABLE,))
 
+
+# The latency predictor judged live, per finished request, by the accuracy rule of
+# slo/predict/accuracy.py: p50 MAPE = error _sum / _count, p90 coverage = within / judged.
+def _prediction_error(prom: str, otel: str, what: str) -> MetricDef:
+    return MetricDef(prom, otel, "1", "histogram",
+                     f"Relative error of each served request's predicted p50 {what}: "
+                     "abs(predicted - actual) / actual.",
+                     (LABEL_CONTEXT_BUCKET,), PREDICTION_ERROR_BUCKETS)
+
+
+def _prediction_count(prom: str, otel: str, what: str) -> MetricDef:
+    return MetricDef(prom, otel, "", "counter", what, (LABEL_CONTEXT_BUCKET,))
+
+
+PREDICTION_TTFT_ERROR: Final = _prediction_error(
+    "tailguard_prediction_ttft_error_ratio", "tailguard_prediction_ttft_error_ratio", "TTFT")
+PREDICTION_TTFT_JUDGED: Final = _prediction_count(
+    "tailguard_prediction_ttft_judged_total", "tailguard.prediction.ttft.judged",
+    "Served requests whose TTFT p90 prediction was judged.")
+PREDICTION_TTFT_WITHIN_P90: Final = _prediction_count(
+    "tailguard_prediction_ttft_within_p90_total", "tailguard.prediction.ttft.within_p90",
+    "Judged requests whose TTFT was at or under its predicted p90.")
+PREDICTION_TPOT_ERROR: Final = _prediction_error(
+    "tailguard_prediction_tpot_error_ratio", "tailguard_prediction_tpot_error_ratio", "TPOT")
+PREDICTION_TPOT_JUDGED: Final = _prediction_count(
+    "tailguard_prediction_tpot_judged_total", "tailguard.prediction.tpot.judged",
+    "Served requests with a TPOT whose TPOT p90 prediction was judged.")
+PREDICTION_TPOT_WITHIN_P90: Final = _prediction_count(
+    "tailguard_prediction_tpot_within_p90_total", "tailguard.prediction.tpot.within_p90",
+    "Judged requests whose TPOT was at or under its predicted p90.")
+# Per target of slo/predict/accuracy.py: (error histogram, judged, within p90).
+PREDICTION_METRICS: Final = {
+    "ttft_s": (PREDICTION_TTFT_ERROR, PREDICTION_TTFT_JUDGED, PREDICTION_TTFT_WITHIN_P90),
+    "tpot_s": (PREDICTION_TPOT_ERROR, PREDICTION_TPOT_JUDGED, PREDICTION_TPOT_WITHIN_P90),
+}
+
 LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
     CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
     RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, TRACE_ROWS_DROPPED,
-)
+) + tuple(m for trio in PREDICTION_METRICS.values() for m in trio)
 
 # --- thresholds the alerts and the dashboards share --------------------------------
 # Memory pressure (SPEC §3; seed 002's memory forecast): KV-cache usage, measured or
 # forecast, above which the degradation policy lowers batch / precision. The
 # operational alerts fire above it; the engine and policy dashboards draw it.
 MEMORY_PRESSURE_RATIO: Final = 0.9
+# The latency predictor's live p90 coverage (PREDICTION_*_WITHIN_P90 / _JUDGED) below
+# which it has drifted: the goal is 90% (85-95%, docs/prediction.md).
+PREDICTION_COVERAGE_MIN: Final = 0.8
 
 # --- recording rules (Sloth-compatible names) -----------------------------------------
 # `tailguard rules` records every SLO the way Sloth (https://sloth.dev) does, so these

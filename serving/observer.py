@@ -14,6 +14,7 @@ from observe.record import RequestRecord
 from observe.stats import WallClock
 from observe.tracing import RequestSpans
 from slo.loading import load_spec
+from slo.predict.accuracy import judge_served
 from slo.spec import SLOSpec
 from slo.verdicts import Judge
 
@@ -44,6 +45,7 @@ class Observer:
         if rec.end is None:
             rec.end = time.monotonic()
         self._judge(rec)
+        self._judge_prediction(rec)
         self.spans.finish(rec, span)
         self.metrics.record_request(rec)
         self.tracelog.add("requests", rec.row(self.clock))
@@ -58,6 +60,13 @@ class Observer:
             result = R.RESULT_GOOD if good else R.RESULT_BAD
             self.metrics.slo_requests.add(1, {R.LABEL_SLO: name, R.LABEL_CONTEXT_BUCKET: bucket,
                                               R.LABEL_RESULT: result})
+
+    def _judge_prediction(self, rec: RequestRecord) -> None:
+        """The latency predictor watched live: its error and p90 coverage per context
+        bucket, by the accuracy rule the CLI and the console use."""
+        for judged in judge_served(rec):
+            self.metrics.record_prediction(judged.target, rec.context_bucket, judged.error,
+                                           judged.within_p90)
 
 
 def _request_id(headers: Mapping[str, str]) -> str:

@@ -258,6 +258,11 @@ def test_predicted_vs_actual_and_accuracy(trace_db):
     assert rows[0]["ttft_p90_coverage"] == 1.0  # 0.05, 0.1, 0.15 all <= 0.2
     assert rows[0]["ttft_p50_mape"] == pytest.approx((0.2 + 0.4 + 0.6) / 3)  # |0.06 - t| / t
     assert rows[0]["tpot_p90_coverage"] == 1.0
+    by_bucket = rows_as_dicts(trace_db, Q.prediction_accuracy_by_bucket(15))
+    assert [(r["context_bucket"], r["requests"]) for r in by_bucket] == [("0-1k", 2),
+                                                                        ("1k-4k", 1)]
+    assert by_bucket[0]["ttft_p50_mape"] == pytest.approx((0.2 + 0.4) / 2)
+    assert by_bucket[1]["ttft_p50_mape"] == pytest.approx(0.6)
 
 
 def test_last_retrain_is_the_newest_gate_decision(tmp_path):

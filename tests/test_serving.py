@@ -122,6 +122,10 @@ def test_metrics_count_exactly_the_requests_sent(server, client, model_name):
     assert sample(after, ttft, context_bucket="0-1k") - sample(before, ttft, context_bucket="0-1k") == 3
     slo = "tailguard_slo_requests_total"
     assert sample(after, slo, slo="ttft") - sample(before, slo, slo="ttft") == 3
+    for judged in ("tailguard_prediction_ttft_judged_total",  # each one predicted, then judged
+                   "tailguard_prediction_ttft_error_ratio_count"):
+        assert sample(after, judged, context_bucket="0-1k") - \
+            sample(before, judged, context_bucket="0-1k") == 3, judged
 
 
 def test_sixteen_concurrent_requests_all_complete_and_are_logged(server, client, model_name):

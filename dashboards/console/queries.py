@@ -135,6 +135,12 @@ def prediction_accuracy(minutes: int) -> str:
     return served_accuracy_sql(minutes)
 
 
+def prediction_accuracy_by_bucket(minutes: int) -> str:
+    """The same rule per context bucket: what the live `tailguard_prediction_*`
+    metrics count, over the window."""
+    return served_accuracy_sql(minutes, by="context_bucket")
+
+
 def never_predicted(minutes: int) -> str:
     """Served requests of the window, and how many of them no model predicted."""
     return never_predicted_sql(minutes)

@@ -1,6 +1,6 @@
 """Latency by context bucket: P50/P95/P99 of every latency histogram per
-`context_bucket`, heatmaps of TTFT and end-to-end latency, and the distribution of
-prompt lengths."""
+`context_bucket`, heatmaps of TTFT and end-to-end latency, the distribution of
+prompt lengths, and the latency predictor's live p90 coverage and p50 MAPE."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dashboards.grafana.panels import (
     graph,
     legend_of,
     queries,
+    steps,
     unit_of,
 )
 from dashboards.grafana.promql import (
@@ -18,6 +19,7 @@ from dashboards.grafana.promql import (
     bucket_counts,
     matchers,
     percentile_legend,
+    mean,
     quantile,
     rate,
     summed,
@@ -53,7 +55,31 @@ def build(_spec=None) -> dict:
                                     metric.description, unit_of(metric),
                                     bucket_counts(metric, SELECTED)))
     _context_lengths(board)
+    board.row("Latency prediction, judged live")
+    board.add(_coverage())
+    board.add(_errors())
     return board.to_json()
+
+
+def _coverage():
+    """p90 coverage per target and bucket, with the alert's floor."""
+    pairs = [(f"{rate(within, (BUCKET,), SELECTED)} / {rate(judged, (BUCKET,), SELECTED)}",
+              f"{target.removesuffix('_s').upper()} {legend_of(BUCKET)}")
+             for target, (_, judged, within) in R.PREDICTION_METRICS.items()]
+    return graph("Prediction p90 coverage", "Share of judged requests at or under their "
+                 "predicted p90 (goal 90%; TailguardPredictionCoverageLow below "
+                 f"{R.PREDICTION_COVERAGE_MIN:.0%}).", "percentunit", queries(*pairs),
+                 steps((0, "red"), (R.PREDICTION_COVERAGE_MIN, "green")))
+
+
+def _errors():
+    """p50 MAPE per target and bucket: the error histogram's mean."""
+    pairs = [(mean(error, (BUCKET,), SELECTED),
+              f"{target.removesuffix('_s').upper()} {legend_of(BUCKET)}")
+             for target, (error, _, _) in R.PREDICTION_METRICS.items()]
+    return graph("Prediction p50 MAPE", "Mean of |predicted p50 - actual| / actual over "
+                 "the served requests judged in the rate interval.", "percentunit",
+                 queries(*pairs))
 
 
 def _quantiles(metric: R.MetricDef):

@@ -6,6 +6,8 @@ predictions, shown by `tailguard predict eval` and the console's Forecasts page)
   ratio, which one slow outlier cannot move);
 - p90 coverage: the share of requests at or under their predicted p90, which should
   be near 90% (85-95% is the goal);
+- live, per finished request (`judge_served`), the same rule feeds the server's
+  `tailguard_prediction_*` metrics;
 - the same for the seed formula, so "better than the seed" is a ratio, not a claim.
 
 Both count only requests that have the prediction being judged; a served request that
@@ -24,11 +26,13 @@ from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from observe.registry import STATUS_OK
 from slo.predict.features import TrainingSet
 from slo.predict.model import SeedModel
 
 if TYPE_CHECKING:
     from observe.query import QueryResult
+    from observe.record import RequestRecord
 
 # (target, column of the p50 prediction, column of the p90 prediction)
 COLUMNS = (("ttft_s", 0, 1), ("tpot_s", 2, 3))
@@ -94,6 +98,9 @@ def held_out_report(model, data: TrainingSet) -> str:
 
 # A served request: answered, with a first token to judge a TTFT prediction against.
 _SERVED = "status = 'ok' AND ttft_s > 0"
+# What served accuracy can be grouped by: the model, or the context bucket (as the
+# server's live `tailguard_prediction_*` metrics are labelled).
+ACCURACY_GROUPS: Final = ("predictor_version", "context_bucket")
 # `tailguard predict eval` has printed these headings since it first shipped.
 CLI_HEADINGS: Final = {"predictor_version": "model", "ttft_p50_mape": "ttft_mape",
                        "tpot_p50_mape": "tpot_mape"}
@@ -105,11 +112,14 @@ def _served_where(since_minutes: int | None) -> str:
     return f"WHERE {_SERVED}{since}"
 
 
-def served_accuracy_sql(since_minutes: int | None = None) -> str:
-    """Per predictor version, on the served requests it predicted (in the last
-    `since_minutes`, or all): p50 MAPE and p90 coverage of TTFT and of TPOT, each over
-    the requests with that actual above 0 and that prediction present."""
-    return ("SELECT predictor_version, count(*) AS requests, "
+def served_accuracy_sql(since_minutes: int | None = None, by: str = "predictor_version") -> str:
+    """Per predictor version (or `by` another of ACCURACY_GROUPS), on the served requests
+    predicted (in the last `since_minutes`, or all): p50 MAPE and p90 coverage of TTFT
+    and of TPOT, each over the requests with that actual above 0 and that prediction
+    present."""
+    if by not in ACCURACY_GROUPS:
+        raise ValueError(f"by must be one of {ACCURACY_GROUPS}, not {by!r}")
+    return (f"SELECT {by}, count(*) AS requests, "
             "avg(abs(predicted_ttft_s - ttft_s) / ttft_s) AS ttft_p50_mape, "
             "avg(CASE WHEN ttft_s <= predicted_ttft_p90_s THEN 1.0 ELSE 0.0 END) "
             "FILTER (predicted_ttft_p90_s IS NOT NULL) AS ttft_p90_coverage, "
@@ -118,7 +128,7 @@ def served_accuracy_sql(since_minutes: int | None = None) -> str:
             "avg(CASE WHEN tpot_s <= predicted_tpot_p90_s THEN 1.0 ELSE 0.0 END) "
             "FILTER (tpot_s > 0 AND predicted_tpot_p90_s IS NOT NULL) AS tpot_p90_coverage "
             f"FROM requests {_served_where(since_minutes)} AND predicted_ttft_s IS NOT NULL "
-            "GROUP BY ALL ORDER BY requests DESC, predictor_version")
+            f"GROUP BY ALL ORDER BY requests DESC, {by}")
 
 
 def never_predicted_sql(since_minutes: int | None = None) -> str:
@@ -142,6 +152,40 @@ def served_report(accuracy_rows: QueryResult, never: QueryResult) -> str:
                                              for c in accuracy_rows.columns])
     served, never_predicted = never.rows[0]
     return format_result(headed) + never_predicted_line(served, never_predicted) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One finished request's prediction of one target, judged as `served_accuracy_sql`
+    judges a row: what the server's live prediction metrics count."""
+
+    target: str  # "ttft_s" or "tpot_s", as in COLUMNS
+    error: float | None  # |predicted p50 - actual| / actual; None without a p50
+    within_p90: bool | None  # actual <= predicted p90; None without a p90
+
+
+def judge_served(rec: RequestRecord) -> list[Judged]:
+    """The served-accuracy rule for one live request: a served request (status ok,
+    TTFT > 0) that carries a prediction is judged on each target whose actual is above
+    0 (no TPOT for a one-token answer); nothing for any other request."""
+    pred = rec.prediction
+    if rec.status != STATUS_OK or not (rec.ttft_s or 0) > 0 or pred is None \
+            or not _given(pred.ttft_s):
+        return []
+    out = []
+    for target, p50, p90 in (("ttft_s", pred.ttft_s, pred.ttft_p90_s),
+                             ("tpot_s", pred.tpot_s, pred.tpot_p90_s)):
+        actual = getattr(rec, target)
+        if actual is None or not actual > 0 or not (_given(p50) or _given(p90)):
+            continue
+        out.append(Judged(target, abs(p50 - actual) / actual if _given(p50) else None,
+                          actual <= p90 if _given(p90) else None))
+    return out
+
+
+def _given(value: float | None) -> bool:
+    """A prediction is present: not missing (NULL in the trace log) and a number."""
+    return value is not None and math.isfinite(value)
 
 
 @dataclass(frozen=True, slots=True)

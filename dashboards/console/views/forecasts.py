@@ -91,6 +91,9 @@ def latency_panel(src, minutes: int) -> None:
     st.caption("As served: each request was judged by the model live when it was admitted. "
                "A good p90 covers 85-95% of requests.")
     st.dataframe(src.query(queries.prediction_accuracy(minutes)), hide_index=True)
+    st.caption("Per context bucket, the same rule (Prometheus: `tailguard_prediction_*`, "
+               "alert TailguardPredictionCoverageLow):")
+    st.dataframe(src.query(queries.prediction_accuracy_by_bucket(minutes)), hide_index=True)
     served, never = src.query(queries.never_predicted(minutes)).iloc[0]
     st.caption(accuracy.never_predicted_line(int(served), int(never)).capitalize()
                + ": not counted above.")
