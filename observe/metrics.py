@@ -75,6 +75,7 @@ class RequestMetrics:
         self._dropped = i[R.TRACE_ROWS_DROPPED.prom_name]
         self._forecast = i[R.MEMORY_FORECAST.prom_name]
         self._policy = i[R.POLICY_ACTIVE.prom_name]
+        self._clients = i[R.CLIENT_REQUESTS.prom_name]
         self.slo_requests = i[R.SLO_REQUESTS.prom_name]
         self._prediction = {target: tuple(i[m.prom_name] for m in trio)
                             for target, trio in R.PREDICTION_METRICS.items()}
@@ -108,6 +109,10 @@ class RequestMetrics:
         if within_p90 is not None:
             judged.add(1, labels)
             within.add(1 if within_p90 else 0, labels)  # 0 too: coverage 0 is a value
+
+    def record_client(self, client: str, outcome: str) -> None:
+        """One finished request of `client` (a bounded label value) with its outcome."""
+        self._clients.add(1, {R.LABEL_CLIENT: client, R.LABEL_OUTCOME: outcome})
 
     def record_step(self, batch_size: int) -> None:
         self._batch.record(batch_size)

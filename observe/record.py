@@ -88,6 +88,7 @@ class RequestRecord:
     prediction: LatencyPrediction | None = None
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
+    client: str | None = None  # the API key's name, `anonymous` without keys; None: unknown
 
     @property
     def context_bucket(self) -> str:
@@ -159,6 +160,6 @@ class RequestRecord:
             "preemptions": engine.preemptions if engine else 0,
             "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
             "policy_actions": list(self.policy_actions),
-            "tokenize_s": self.tokenize_s, "vip": self.vip,
+            "tokenize_s": self.tokenize_s, "vip": self.vip, "client": self.client,
             **_load_columns(self.load), **_prediction_columns(self.prediction),
         }

@@ -32,6 +32,8 @@ LABEL_RESULT: Final = "result"  # one of RESULTS
 LABEL_POLICY: Final = "policy"
 LABEL_HORIZON: Final = "horizon"
 LABEL_TABLE: Final = "table"  # a trace-log table
+LABEL_CLIENT: Final = "client"  # who called: slo.tenants.tenant_label (bounded)
+LABEL_OUTCOME: Final = "outcome"  # one of slo.tenants.OUTCOMES
 
 PRIORITY_REALTIME: Final = "realtime"
 PRIORITY_BATCH: Final = "batch"
@@ -149,6 +151,10 @@ TRACE_ROWS_DROPPED: Final = MetricDef(
     "tailguard_trace_rows_dropped_total", "tailguard.trace.rows_dropped", "", "counter",
     "Trace-log rows lost for good: the memory bound was reached while the writer was "
     "behind or failing, or DuckDB refused their content.", (LABEL_TABLE,))
+CLIENT_REQUESTS: Final = MetricDef(
+    "tailguard_client_requests_total", "tailguard.client.requests", "", "counter",
+    "Requests per client (API key name) by outcome: good or late (served, against its SLO "
+    "verdict), shed (by a policy), rejected, error, aborted.", (LABEL_CLIENT, LABEL_OUTCOME))
 
 
 # The latency predictor judged live, per finished request, by the accuracy rule of
@@ -189,7 +195,7 @@ PREDICTION_METRICS: Final = {
 LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
     CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
-    RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, TRACE_ROWS_DROPPED,
+    RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, TRACE_ROWS_DROPPED, CLIENT_REQUESTS,
 ) + tuple(m for trio in PREDICTION_METRICS.values() for m in trio)
 
 # --- thresholds the alerts and the dashboards share --------------------------------
@@ -254,6 +260,7 @@ ATTR_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 ATTR_TTFT: Final = "gen_ai.server.time_to_first_token"
 ATTR_ERROR_TYPE: Final = "error.type"
 ATTR_HTTP_STATUS: Final = "http.response.status_code"
+ATTR_CLIENT: Final = "enduser.id"  # the API key's name (never the key), or anonymous
 ATTR_REQUEST_ID: Final = "tailguard.request_id"
 ATTR_CONTEXT_BUCKET: Final = "tailguard.context_bucket"
 ATTR_BATCH_BUCKET: Final = "tailguard.batch_bucket"

@@ -82,6 +82,9 @@ REQUESTS: Final = TableSpec("requests", (
     ("predicted_tpot_s", "DOUBLE"), ("predicted_tpot_p90_s", "DOUBLE"),
     ("predicted_e2e_s", "DOUBLE"), ("predictor_version", "VARCHAR"),
     ("vip", "BOOLEAN"),  # the API key's VIP flag (what vip_only admits; the replay needs it)
+    # Who called: the API key's name, `anonymous` on a server without keys; NULL when
+    # not known (no valid key). Never a peer address: a bounded set, no personal data.
+    ("client", "VARCHAR"),
 ))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),

@@ -154,7 +154,8 @@ def _request_attributes(rec: RequestRecord) -> dict:
         R.ATTR_POLICY_ACTIONS: list(rec.policy_actions),
     }
     optional = {R.ATTR_MAX_TOKENS: rec.max_tokens, R.ATTR_ERROR_TYPE: rec.error_type,
-                R.ATTR_TTFT: rec.ttft_s, R.ATTR_RESPONSE_ID: rec.request_id}
+                R.ATTR_TTFT: rec.ttft_s, R.ATTR_RESPONSE_ID: rec.request_id,
+                R.ATTR_CLIENT: rec.client}
     attrs.update({k: v for k, v in optional.items() if v is not None})
     if rec.finish_reason:
         attrs[R.ATTR_FINISH_REASONS] = [rec.finish_reason]

@@ -29,7 +29,7 @@ from serving.errors import (
     from_vllm_response,
 )
 from serving.http_limits import body_timed_out
-from serving.keys import PRIORITY_HEADER
+from serving.keys import PRIORITY_HEADER, Client
 from serving.runtime import RequestDeps
 from serving.streaming import (
     CLIENT_CLOSED,
@@ -92,16 +92,19 @@ async def serve_generation(raw: Request, endpoint: Endpoint, deps: RequestDeps):
 
 
 async def _generate(raw: Request, endpoint: Endpoint, deps: RequestDeps, rec, handle):
-    """The request path, in order: engine ready, who calls, body, limits, the client's
-    quota, admission, then vLLM's handler. Any stage may refuse (an `ApiError`)."""
+    """The request path, in order: who calls (first, so that every refusal's row names
+    its client), engine ready, a valid key, body, limits, the client's quota, admission,
+    then vLLM's handler. Any stage may refuse (an `ApiError`)."""
+    client = _identify(deps.keys, rec, raw)
     if handle is None:
         raise ApiError(503, "engine_not_ready", "the engine is not ready",
                        headers={"Retry-After": "5"})
-    client = _identify(deps.keys, rec, raw)
+    if client is None:
+        raise ApiError(401, "invalid_api_key", "a valid API key is required")
     request = _parse(endpoint.request_cls, await _read_json(raw, deps.config.max_body_bytes))
     rec.model, rec.stream = request.model or deps.config.model_name, bool(request.stream)
     _check_limits(request, deps.config.max_n)
-    deps.quota.take(rec, client, request)
+    deps.quota.take(rec, _quota_key(deps.keys, client, raw), request)
     refusal = deps.admission.check_http(rec, request)
     if refusal is not None:
         raise from_refusal(refusal)
@@ -110,13 +113,18 @@ async def _generate(raw: Request, endpoint: Endpoint, deps: RequestDeps, rec, ha
                                                handle.engine, rec.request_id))
 
 
-def _identify(keys, rec, raw: Request) -> str:
-    """Priority and VIP flag from the API key (never from a header alone); returns
-    who the client is for its quota: the key's name, else its peer address."""
+def _identify(keys, rec, raw: Request) -> Client | None:
+    """The caller, from the API key (never from a header alone): its name, priority and
+    VIP flag on the record; None when no valid key came (a 401)."""
     client = keys.resolve(raw.headers.get("authorization"), raw.headers.get(PRIORITY_HEADER))
-    if client is None:
-        raise ApiError(401, "invalid_api_key", "a valid API key is required")
-    rec.priority, rec.vip = client.tier, client.vip
+    if client is not None:
+        rec.priority, rec.vip, rec.client = client.tier, client.vip, client.name
+    return client
+
+
+def _quota_key(keys, client: Client, raw: Request) -> str:
+    """Who the client is for its quota: the key's name, else its peer address (the quota's
+    only; the trace log and metrics name a keyless caller `anonymous`)."""
     peer = raw.client.host if raw.client else None
     return f"key:{client.name}" if keys.requires_key else f"peer:{peer or '?'}"
 

@@ -69,6 +69,13 @@ class KeyRing:
     def requires_key(self) -> bool:
         return self._entries is not None
 
+    @property
+    def names(self) -> frozenset[str]:
+        """Every client this ring can name: a bounded set (the keys file's names)."""
+        if not self.requires_key:
+            return frozenset({ANONYMOUS.name})
+        return frozenset(c.name for _, c in self._entries)
+
     def __repr__(self) -> str:
         if not self.requires_key:
             return "KeyRing.open()"

@@ -6,27 +6,31 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from observe import registry as R
 from observe.metrics import RequestMetrics
 from observe.record import RequestRecord
 from observe.stats import WallClock
 from observe.tracing import RequestSpans
+from serving.keys import ANONYMOUS
 from slo.loading import load_spec
 from slo.predict.accuracy import judge_served
 from slo.spec import SLOSpec
+from slo.tenants import outcome, tenant_label
 from slo.verdicts import Judge
 
 
 class Observer:
     def __init__(self, tracelog, spans: RequestSpans, metrics: RequestMetrics,
-                 clock: WallClock, spec: SLOSpec | None = None):
+                 clock: WallClock, spec: SLOSpec | None = None,
+                 clients: Collection[str] = (ANONYMOUS.name,)):
         self.tracelog = tracelog
         self.spans = spans
         self.metrics = metrics
         self.clock = clock
         self.judge = Judge(spec or load_spec())
+        self.clients = frozenset(clients)  # the `client` label's values (the keys file's)
         self.listeners: list = []  # called with each finished record (the policy engine)
         self._open: set[str] = set()  # request ids begun and not yet finished
 
@@ -48,6 +52,7 @@ class Observer:
         self._judge_prediction(rec)
         self.spans.finish(rec, span)
         self.metrics.record_request(rec)
+        self.metrics.record_client(tenant_label(rec.client, self.clients), outcome(rec))
         self.tracelog.add("requests", rec.row(self.clock))
         for listener in self.listeners:
             listener(rec)

@@ -104,7 +104,8 @@ class Runtime:
             self.tracer_provider.add_span_processor(create_otlp_span_processor(config.otlp))
         self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"))
         self.spans = RequestSpans(self.tracer_provider, self.clock)
-        self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec)
+        self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec,
+                                 config.keys.names)
         self.second = EngineSecond()
         self.load = LoadTracker(self.second)
         self.predictor = PredictionService(self.tracelog, config.predictor_path,

@@ -158,13 +158,17 @@ def test_overview_shows_every_slo_goodput_burn_rates_and_the_policy_banner(live,
     assert [m for m in metrics(app) if m[0].startswith("goodput")] == [
         ("goodput 5m", "0.000 req/s"), ("goodput 1h", "0.000 req/s"),
         ("goodput 1d", "0.000 req/s")]
-    assert texts(app.subheader) == ["Burn rates per window", "Requests and goodput"]
+    assert texts(app.subheader) == ["Burn rates per window", "Requests and goodput", "Tenants"]
     heatmap, flow = charts(app)
     assert [layer["mark"]["type"] for layer in heatmap["layer"]] == ["rect", "text"]
     assert heatmap["layer"][0]["encoding"]["color"]["field"] == "burn_rate"
     assert flow["encoding"]["y"]["field"] == "per_s"
-    (groups,) = app.dataframe
-    assert "0-1k" in set(groups.value["context_bucket"])
+    groups, tenants = (d.value for d in app.dataframe)
+    assert "0-1k" in set(groups["context_bucket"])
+    # A server without a keys file: every caller is the one tenant `anonymous`.
+    (anonymous,) = tenants.to_dict("records")
+    assert anonymous["client"] == "anonymous" and anonymous["requests"] >= len(SEEDS) + 1
+    assert anonymous["good"] == 0 and anonymous["late"] >= len(SEEDS) + 1  # ttft_breach
     # The banner says what GET /admin/policies says.
     data = live.policies()
     acting = [p["policy"] for p in data["policies"]
@@ -444,9 +448,11 @@ def trace_file(tmp_path, monkeypatch) -> str:
     path = str(tmp_path / "trace.duckdb")
     now = time.time()
     with TraceLog(path) as log:
-        for age, e2e in ((600, 0.5), (400, 3.0), (200, 0.4), (100, 0.3)):
+        for age, e2e, who in ((600, 0.5, "alice"), (400, 3.0, "alice"), (200, 0.4, "bob"),
+                              (100, 0.3, "bob")):
             log.add("requests", {
                 "request_id": f"file-{age}", "arrival_ts": now - age, "model": "tiny",
+                "client": who,
                 "status": "ok", "http_status": 200, "priority": "realtime",
                 "context_bucket": "0-1k", "prompt_tokens": 10, "output_tokens": 8,
                 "queue_s": 0.01, "prefill_s": 0.03, "decode_s": e2e - 0.05, "ttft_s": 0.05,
@@ -494,6 +500,11 @@ def test_a_trace_file_gives_slo_cards_without_a_server(trace_file):
         ("goodput 5m", "0.007 req/s"), ("goodput 1h", "0.005 req/s"),
         ("goodput 1d", "0.005 req/s")]
     assert len(charts(app)) == 2
+    # Tenants over the sidebar's 15 min: alice had the late one; the file spans 600 s.
+    (tenants,) = (d.value for d in app.dataframe if "client" in d.value.columns)
+    assert tenants[["client", "requests", "good", "late", "attainment"]].values.tolist() == [
+        ["alice", 2, 1, 1, 0.5], ["bob", 2, 2, 0, 1.0]]
+    assert tenants["goodput_rps"].tolist() == pytest.approx([1 / 600, 2 / 600], rel=0.01)
 
 
 def test_a_trace_file_policies_page_shows_what_was_recorded(trace_file):

@@ -223,9 +223,19 @@ slos:
 def test_the_slo_overview_follows_the_spec():
     data = build_all(parse_spec(SPEC))["slo-overview.json"]
     rows = [p["title"] for p in data["panels"] if p["type"] == "row"]
-    assert rows == ["All SLOs", "SLO fast_first_token: 99.5% of ttft events good over 1w",
+    assert rows == ["All SLOs", "Clients",
+                    "SLO fast_first_token: 99.5% of ttft events good over 1w",
                     "SLO up: 99.9% of availability events good over 30d"]
     assert data["uid"] == "chat-slo-overview"
+    clients = {p["title"]: p["targets"][0]["expr"] for p in panels_of(data)
+               if p["title"].endswith("per client")}
+    good = ('sum by (client) (rate(tailguard_client_requests_total{outcome="good"}'
+            '[$__rate_interval]))')
+    assert clients == {
+        "Goodput per client": good,
+        "Attainment per client": f"{good} / sum by (client) (rate(tailguard_client_requests_"
+                                 'total{outcome=~"good|late"}[$__rate_interval]))',
+        "Shed per client": good.replace('"good"', '"shed"')}
     burn = [p for p in panels_of(data) if p["title"] == "Burn rate by window"][0]
     assert [t["legendFormat"] for t in burn["targets"]] == list(BURN_RATE_WINDOWS) == [
         "5m", "1h", "6h", "1d", "3d"]

@@ -33,6 +33,6 @@ def test_every_example_query_in_the_trace_log_doc_runs(tmp_path):
     TraceLog(str(path)).close()
     doc = (ROOT / "docs" / "trace-log.md").read_text()
     queries = re.findall(r"```sql\n(.*?)```", doc, re.S)
-    assert len(queries) == 6
+    assert len(queries) == 7
     for sql in queries:
         query_file(path, sql)

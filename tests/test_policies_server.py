@@ -159,6 +159,47 @@ def test_an_override_beats_the_automatic_state_and_expires(guarded):
                for e in audit["events"])
 
 
+def client_counts(srv) -> dict[tuple[str, str], float]:
+    """`tailguard_client_requests_total` on /metrics, per (client, outcome)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(srv.metrics()):
+        for s in family.samples:
+            if s.name == "tailguard_client_requests_total":
+                key = (s.labels["client"], s.labels["outcome"])
+                counts[key] = counts.get(key, 0.0) + s.value
+    return counts
+
+
+def test_each_key_is_a_tenant_in_its_rows_spans_metrics_and_the_console(guarded):
+    from dashboards.console.client import AdminClient
+
+    before = client_counts(guarded)
+    assert override(guarded, "vip_only", "force_on", "tenants", ttl_s=30).status_code == 200
+    try:
+        vip, plain, stranger = (complete(guarded, key) for key in (VIP, PLAIN, "sk-nope"))
+    finally:
+        assert override(guarded, "vip_only", "auto").status_code == 200
+    assert (vip.status_code, plain.status_code, stranger.status_code) == (200, 503, 401)
+    rows = [request_row(guarded, r) for r in (vip, plain, stranger)]
+    assert [r["client"] for r in rows] == ["vip-user", "plain-user", None]
+    assert rows[1]["policy_actions"] == ["shed:vip_only"]
+    (span,) = guarded.sql("SELECT attributes->>'$.\"enduser.id\"' AS client FROM spans "
+                          f"WHERE request_id = '{rows[0]['request_id']}' "
+                          "AND name = 'llm.request'")
+    assert span["client"] == "vip-user"
+    after = client_counts(guarded)
+    served = "good" if rows[0]["slo_ok"] else "late"
+    assert {k: v - before.get(k, 0.0) for k, v in after.items()
+            if v != before.get(k, 0.0)} == {
+        ("vip-user", served): 1.0, ("plain-user", "shed"): 1.0, ("unknown", "rejected"): 1.0}
+    # The console's table (SQL through /admin/query) holds what the live counters count.
+    tenants = AdminClient(guarded.url, ADMIN_TOKEN).tenants(24 * 60)
+    assert {(t["client"], o): float(t[o]) for t in tenants
+            for o in ("good", "late", "shed", "rejected", "error", "aborted") if t[o]} == after
+
+
 def test_force_off_holds_a_policy_down_while_its_condition_holds(guarded):
     assert override(guarded, "token_cap", "force_off", "investigating").status_code == 200
     fault(guarded, "stall", timeout_s=60)

@@ -27,6 +27,7 @@ from observe.settings import (
 )
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+TENANT_ROWS = 100_000  # (client, outcome) pairs: key names x 6, far below this
 
 
 class ConsoleError(Exception):
@@ -79,6 +80,16 @@ class AdminClient:
     def slo(self) -> dict:
         return self._call("GET", "/admin/slo")
 
+    def tenants(self, minutes: int) -> list[dict]:
+        """Per client over the last `minutes` (slo.tenants), through `/admin/query`."""
+        from slo.tenants import tenant_status
+
+        def rows(sql: str) -> tuple[list, list]:
+            data = self._call("POST", "/admin/query", {"sql": sql, "max_rows": TENANT_ROWS})
+            return data["columns"], data["rows"]
+
+        return [t.as_dict() for t in tenant_status(rows, minutes * 60)]
+
     def policies(self) -> dict:
         return self._call("GET", "/admin/policies")
 
@@ -127,6 +138,20 @@ class TraceFile:
         try:
             return slo_status(partial(query_file, self.path), load_spec(self.slo_path))
         except (QueryError, ValueError) as exc:
+            raise ConsoleError(str(exc)) from None
+
+    def tenants(self, minutes: int) -> list[dict]:
+        """Per client over the last `minutes` (slo.tenants), from the file."""
+        from observe.query import QueryError, query_file
+        from slo.tenants import tenant_status
+
+        def rows(sql: str) -> tuple[list, list]:
+            result = query_file(self.path, sql, max_rows=TENANT_ROWS)
+            return result.columns, result.rows
+
+        try:
+            return [t.as_dict() for t in tenant_status(rows, minutes * 60)]
+        except QueryError as exc:
             raise ConsoleError(str(exc)) from None
 
 

@@ -13,6 +13,7 @@ from dashboards.grafana.panels import graph, legend_of, queries, single, steps
 from dashboards.grafana.promql import matchers, rate
 from observe import registry as R
 from slo.spec import SLO, SLOSpec
+from slo.tenants import OUTCOME_GOOD, OUTCOME_LATE, OUTCOME_SHED
 from slo.windows import BURN_WINDOWS
 
 # The windows a burn rate is drawn over: the short page window, then every long one.
@@ -25,9 +26,31 @@ def build(spec: SLOSpec) -> dict:
                   "Objective, attainment, error budget and burn rates of every SLO in "
                   "the spec, read from the SLO recording rules.")
     _all_slos(board, spec.service)
+    _clients(board)
     for slo in spec.slos:
         _one_slo(board, spec.service, slo)
     return board.to_json()
+
+
+def _clients(board: Board) -> None:
+    """Who was protected and who paid: per client (API key name) goodput, attainment of
+    what was served, and requests shed (slo/tenants.py defines the outcomes)."""
+    by, legend = (R.LABEL_CLIENT,), legend_of(R.LABEL_CLIENT)
+
+    def of(*outcomes: str) -> str:
+        match = outcomes[0] if len(outcomes) == 1 else "~" + "|".join(outcomes)
+        return rate(R.CLIENT_REQUESTS, by, matchers(**{R.LABEL_OUTCOME: match}))
+
+    board.row("Clients")
+    board.add(graph("Goodput per client", "Requests per second served within every SLO, "
+                    "per client.", "reqps", queries((of(OUTCOME_GOOD), legend))), width=8)
+    board.add(graph("Attainment per client", "Share of each client's served requests that "
+                    "met every SLO.", "percentunit",
+                    queries((f"{of(OUTCOME_GOOD)} / {of(OUTCOME_GOOD, OUTCOME_LATE)}", legend)),
+                    steps((0, "red"), (0.99, "green"))).decimals(PERCENT_DECIMALS), width=8)
+    board.add(graph("Shed per client", "Requests per second refused by a policy or by "
+                    "admission, per client: who paid for the protection.", "reqps",
+                    queries((of(OUTCOME_SHED), legend))), width=8)
 
 
 def _all_slos(board: Board, service: str) -> None:

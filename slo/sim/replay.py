@@ -19,6 +19,7 @@ from observe import registry as R
 from slo.policy import conditions as P
 from slo.sim.engine_model import EngineModel, Query
 from slo.sim.simulation import SimRequest, Simulator
+from slo.tenants import SHED_SQL
 
 # Requests the policies could have acted on: everything that reached admission.
 # Client mistakes (400/401/404/413/422) are the same whatever the policy. Logs written
@@ -26,8 +27,7 @@ from slo.sim.simulation import SimRequest, Simulator
 # made at admission (when recorded) is what its predicted-miss policy judged.
 ARRIVALS_SQL = """SELECT epoch(arrival_ts) AS t, prompt_tokens, output_tokens, max_tokens,
   priority, {vip} AS vip, {predicted} AS predicted_ttft_s, slo_ttft_target_s, status, ttft_s,
-  coalesce(len(list_filter(policy_actions, lambda a: a LIKE 'shed:%' OR a LIKE 'reject:%')), 0)
-    > 0 OR coalesce(error_type, '') = 'admission_timeout' AS shed
+  {shed} AS shed
 FROM requests
 WHERE status <> 'rejected' OR http_status IN (429, 503)
 ORDER BY arrival_ts"""
@@ -75,7 +75,8 @@ def load_recorded(query: Query) -> Recorded:
     present = {name for (name,) in query(COLUMNS_SQL)[1]}
     columns, rows = query(ARRIVALS_SQL.format(
         vip="coalesce(vip, false)" if "vip" in present else "false",
-        predicted="predicted_ttft_s" if "predicted_ttft_s" in present else "NULL"))
+        predicted="predicted_ttft_s" if "predicted_ttft_s" in present else "NULL",
+        shed=SHED_SQL))
     if not rows:
         raise ValueError("the trace log holds no requests to replay")
     start = rows[0][0]

@@ -1,5 +1,6 @@
 """Overview: every SLO at a glance (attainment, budget, burn rates, red/amber/green),
-goodput, and which degradation policies are acting now."""
+goodput, which degradation policies are acting now, and per client (tenant) who was
+protected and who paid."""
 
 from __future__ import annotations
 
@@ -97,6 +98,20 @@ def render(src, minutes: int) -> None:
         st.altair_chart(charts.throughput(flow), width="stretch")
     with st.expander("By context bucket and priority"):
         st.dataframe(group_table(slos), hide_index=True)
+    tenant_table(src, minutes)
+
+
+def tenant_table(src, minutes: int) -> None:
+    """Who was protected and who paid: per client (API key name) over the window."""
+    st.subheader("Tenants")
+    tenants = src.tenants(minutes)
+    if not tenants:
+        st.info(common.NO_REQUESTS)
+        return
+    st.caption(f"Per client (API key name) over the last {minutes} min: attainment is the "
+               "share of served requests within every SLO, goodput those per second, shed "
+               "the requests a policy or admission refused.")
+    st.dataframe(pd.DataFrame(tenants), hide_index=True)
 
 
 common.run_page(render)
