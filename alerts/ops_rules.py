@@ -59,6 +59,11 @@ def _gauge_above(metric: R.MetricDef, threshold: float, by: str = "instance"):
                         f" > {number(threshold)}\n")
 
 
+def _gauge_below(metric: R.MetricDef, threshold: float):
+    return lambda job: (f"min by (instance) ({selector(metric.prom_name, job=job)})"
+                        f" < {number(threshold)}\n")
+
+
 def _batch_efficiency(job: str) -> str:
     running = f"sum by (instance) ({selector(R.RUNNING.prom_name, job=job)})"
     waiting = f"sum by (instance) ({selector(R.WAITING.prom_name, job=job)})"
@@ -99,6 +104,13 @@ OPS_ALERTS = (
              f"KV-cache usage forecast above {R.MEMORY_PRESSURE_RATIO:.0%} {_ON}.",
              f"The memory forecast {_ON} at horizon {label_value(R.LABEL_HORIZON)} is"
              f" {_VALUE_PCT} (threshold {R.MEMORY_PRESSURE_RATIO:.0%})."),
+    OpsAlert("TailguardKVCacheFullSoon", "ticket", "1m",
+             _gauge_below(R.KV_CACHE_EXHAUSTION, R.KV_FULL_SOON_S),
+             f"KV cache full within {R.KV_FULL_SOON_S} s at its trend {_ON}.",
+             f"At the trend of the last 30 s the KV cache {_ON} is full in"
+             f" {{{{ $value | humanizeDuration }}}} (threshold {R.KV_FULL_SOON_S} s); vLLM"
+             " preempts requests then. The memory-pressure policy acts on the same"
+             " estimate."),
     OpsAlert("TailguardQueueDepthHigh", "ticket", "1m",
              _gauge_above(R.WAITING, QUEUE_DEPTH_MAX),
              f"More than {QUEUE_DEPTH_MAX} requests waiting {_ON}.",

@@ -74,6 +74,7 @@ class RequestMetrics:
         self._waiting = i[R.WAITING.prom_name]
         self._dropped = i[R.TRACE_ROWS_DROPPED.prom_name]
         self._forecast = i[R.MEMORY_FORECAST.prom_name]
+        self._exhaustion = i[R.KV_CACHE_EXHAUSTION.prom_name]
         self._policy = i[R.POLICY_ACTIVE.prom_name]
         self._clients = i[R.CLIENT_REQUESTS.prom_name]
         self.slo_requests = i[R.SLO_REQUESTS.prom_name]
@@ -127,6 +128,11 @@ class RequestMetrics:
 
     def record_forecast(self, ratio: float, horizon: str) -> None:
         self._forecast.set(ratio, {R.LABEL_HORIZON: horizon})
+
+    def record_kv_exhaustion(self, seconds: float | None) -> None:
+        """None (not rising) and anything an hour or more away read as the cap."""
+        cap = R.KV_EXHAUSTION_CAP_S
+        self._exhaustion.set(cap if seconds is None else min(seconds, cap))
 
     def record_dropped(self, table: str, rows: int) -> None:
         if rows:

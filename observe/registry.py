@@ -147,6 +147,11 @@ POLICY_ACTIVE: Final = MetricDef(
 MEMORY_FORECAST: Final = MetricDef(
     "tailguard_memory_forecast_ratio", "tailguard_memory_forecast_ratio", "1", "gauge",
     "Forecast KV-cache usage at the given horizon.", (LABEL_HORIZON,))
+KV_CACHE_EXHAUSTION: Final = MetricDef(
+    "tailguard_kv_cache_exhaustion_seconds", "tailguard_kv_cache_exhaustion_seconds", "s",
+    "gauge", "Seconds until the KV cache is full at the trend of its last 30 s (vLLM "
+    "preempts then); 3600 when an hour or more away or not rising.")
+KV_EXHAUSTION_CAP_S: Final = 3600.0  # OpenTelemetry gauges take finite values only
 TRACE_ROWS_DROPPED: Final = MetricDef(
     "tailguard_trace_rows_dropped_total", "tailguard.trace.rows_dropped", "", "counter",
     "Trace-log rows lost for good: the memory bound was reached while the writer was "
@@ -195,10 +200,12 @@ PREDICTION_METRICS: Final = {
 LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
     CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
-    RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, TRACE_ROWS_DROPPED, CLIENT_REQUESTS,
+    RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, KV_CACHE_EXHAUSTION,
+    TRACE_ROWS_DROPPED, CLIENT_REQUESTS,
 ) + tuple(m for trio in PREDICTION_METRICS.values() for m in trio)
 
 # --- thresholds the alerts and the dashboards share --------------------------------
+KV_FULL_SOON_S: Final = 120  # the KV cache full within 2 min at its trend: preemptions ahead
 # Memory pressure (SPEC §3; seed 002's memory forecast): KV-cache usage, measured or
 # forecast, above which the degradation policy lowers batch / precision. The
 # operational alerts fire above it; the engine and policy dashboards draw it.

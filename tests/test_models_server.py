@@ -117,6 +117,13 @@ def test_a_candidate_that_does_not_beat_the_live_model_is_refused(recorded):
     assert audit[1]["to_state"] == live and audit[1]["reason"] == first["reason"]
 
 
+def test_the_kv_cache_time_to_full_reaches_metrics(server):
+    """The guard publishes it every tick: seconds to a full KV cache at its trend,
+    capped at an hour (an idle server's cache is not rising)."""
+    value = sample(server.metrics(), "tailguard_kv_cache_exhaustion_seconds")
+    assert 0 <= value <= 3600
+
+
 def test_the_memory_forecast_reaches_metrics_and_says_which_model(server):
     text = server.metrics()
     assert 'tailguard_memory_forecast_ratio{horizon="5m"' in text

@@ -317,7 +317,7 @@ def test_memory_pressure_on_measured_or_forecast(usage, forecast, active, breach
                                            CONFIG, active)
     assert (hit, text) == (breached, reason)
     assert details == {"kv_usage": usage, "kv_forecast": forecast,
-                       "threshold": 0.8 if active else 0.9}
+                       "threshold": 0.8 if active else 0.9, "kv_exhaustion_s": None}
 
 
 @pytest.mark.parametrize("kwargs,message", [

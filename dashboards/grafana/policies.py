@@ -1,5 +1,5 @@
-"""Degradation policies: which policy is active when, and the memory forecast
-against the measured KV-cache usage and the memory-pressure line."""
+"""Degradation policies: which policy is active when, the memory forecast against the
+measured KV-cache usage and the memory-pressure line, and the KV cache's time to full."""
 
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def build(_spec=None) -> dict:
                      queries((active, legend_of(R.LABEL_POLICY))),
                      steps((0, "green"), (1, "red"))), width=18)
     board.row("Memory")
-    board.add(_forecast(), width=24, height=9)
+    board.add(_forecast(), width=16, height=9)
+    board.add(_time_to_full(), width=8, height=9)
     return board.to_json()
 
 
@@ -37,3 +38,13 @@ def _forecast():
                  f"{R.MEMORY_FORECAST.description} The line is the memory-pressure "
                  "threshold of the degradation policy.", "percentunit", queries(*pairs),
                  steps((0, "green"), (R.MEMORY_PRESSURE_RATIO, "red"))).min(0).max(1)
+
+
+def _time_to_full():
+    seconds = gauge(R.KV_CACHE_EXHAUSTION, ("instance",))
+    return graph("KV cache: time to full at its trend",
+                 f"{R.KV_CACHE_EXHAUSTION.description} Below the line the alert "
+                 "TailguardKVCacheFullSoon fires; the memory-pressure policy acts below "
+                 "60 s.", "s", queries((seconds, legend_of("instance"))),
+                 steps((0, "red"), (R.KV_FULL_SOON_S, "green"))).min(0)
+

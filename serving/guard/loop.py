@@ -48,6 +48,7 @@ class Guard:
     def __init__(self, config: P.PolicyConfig, tracelog, metrics, faults: FaultInjector):
         self.tracelog = tracelog
         self.faults = faults
+        self.metrics = metrics
         self.engine = PolicyEngine(config, self._record_event, metrics.record_policy)
         self.limiter = Limiter(self.engine.batch.limit)
         self.overrides = OverrideStore(tracelog, self.engine.machines)
@@ -69,7 +70,7 @@ class Guard:
 
     def on_engine_second(self, snap: EngineSnapshot) -> None:
         busy = (snap.mean_step_s or 0.0) * snap.steps  # seconds stepping in this second
-        self.engine.on_engine_second(min(1.0, busy))
+        self.engine.on_engine_second(min(1.0, busy), kv_usage=snap.kv_cache_usage)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -108,6 +109,7 @@ class Guard:
             queue_depth=runtime.load.pending[0],
             kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
         decisions = self.engine.evaluate(signals, saturated=self.limiter.waiting > 0)
+        self.metrics.record_kv_exhaustion(signals.kv_exhaustion_s)
         self.limiter.limit = decisions.concurrency_limit
         runtime.admission.publish(decisions)
         l2 = self.engine.machines[P.BREAKER_L2]

@@ -37,6 +37,7 @@ class Signals:
     kv_usage: float
     kv_forecast: float | None
     requests: int  # finished in the window (a P99 of 3 samples is no signal)
+    kv_exhaustion_s: float | None = None  # seconds to a full KV cache at its trend; None: flat
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,13 @@ class PolicyConfig:
     memory: float = 0.9
     memory_clear: float = 0.8
     memory_concurrency_factor: float = 0.5
+    # Ahead of time: the KV cache would be full (vLLM preempts) within this many seconds
+    # at the trend of the last KV_TREND_S; 0 turns it off. Clears above the second.
+    memory_exhaustion_s: float = 60.0
+    memory_exhaustion_clear_s: float = 120.0
+    # Below this usage the trend alone does not trip: a burst into an empty cache climbs
+    # steeply for seconds and stops; preemption is a risk only once the cache is half full.
+    memory_exhaustion_floor: float = 0.5
     truncate_tokens: int = 4096
     predicted_miss_factor: float = 2.0  # predicted TTFT over target x this is a far miss
     batch_p99_s: float = 0.5
@@ -78,6 +86,9 @@ class PolicyConfig:
                             ("memory", "memory_clear"), ("queue_depth", "queue_depth_clear")):
             if getattr(self, clear) > getattr(self, trip):
                 raise ValueError(f"{clear} must not exceed {trip} (hysteresis)")
+        if self.memory_exhaustion_clear_s < self.memory_exhaustion_s:
+            raise ValueError("memory_exhaustion_clear_s must not be below memory_exhaustion_s "
+                             "(hysteresis: a policy clears once full is further away)")
         if not 1 <= self.batch_floor <= self.batch_cap:
             raise ValueError("batch_floor must be between 1 and batch_cap")
         if not self.batch_floor <= self.batch_initial <= self.batch_cap:
@@ -119,11 +130,21 @@ def overloaded(s: Signals, c: PolicyConfig, active: bool):
 
 
 def memory_pressure(s: Signals, c: PolicyConfig, active: bool):
+    """The KV cache high (measured or forecast), or on a trend to full soon: acting
+    before vLLM starts preempting, not after."""
     limit = c.memory_clear if active else c.memory
     worst = max(s.kv_usage, s.kv_forecast or 0.0)
     which = "forecast" if (s.kv_forecast or 0.0) > s.kv_usage else "measured"
-    return worst > limit, f"KV-cache {which} {worst:.0%} vs {limit:.0%}", {
-        "kv_usage": s.kv_usage, "kv_forecast": s.kv_forecast, "threshold": limit}
+    soon = c.memory_exhaustion_clear_s if active else c.memory_exhaustion_s
+    details = {"kv_usage": s.kv_usage, "kv_forecast": s.kv_forecast, "threshold": limit,
+               "kv_exhaustion_s": s.kv_exhaustion_s}
+    if worst > limit:
+        return True, f"KV-cache {which} {worst:.0%} vs {limit:.0%}", details
+    trending = s.kv_exhaustion_s is not None and s.kv_usage >= c.memory_exhaustion_floor
+    if trending and s.kv_exhaustion_s < soon:
+        return True, f"KV-cache full in {s.kv_exhaustion_s:.0f} s at its trend vs {soon:.0f} s", \
+            details
+    return False, f"KV-cache {which} {worst:.0%} vs {limit:.0%}", details
 
 
 def _fmt(value: float | None) -> str:

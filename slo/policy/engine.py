@@ -16,10 +16,11 @@ from slo.policy import conditions as P
 from slo.policy.batch_size import BatchController
 from slo.policy.decisions import Decisions, decide
 from slo.policy.lifecycle import ACTIVE, FORCE_OFF, INACTIVE, PolicyMachine, Transition
-from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile
+from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile, time_to_full
 
 log = logging.getLogger("tailguard.policy")
 BREAKER_WINDOW_S = 10.0  # the P99 the breaker watches; it must stay high for 30 s
+KV_TREND_S = 30.0  # the KV cache's time to full is read from this much of its history
 
 
 def _never(signals, config, active):
@@ -43,6 +44,7 @@ class PolicyEngine:
         self.ttft = SampleWindow(60.0)
         self.outcomes = OutcomeWindow(BREAKER_WINDOW_S * 3)
         self.busy = SampleWindow(10.0)  # engine busy share per second
+        self.kv = SampleWindow(KV_TREND_S)  # KV-cache usage per second
         self.last_signals: P.Signals | None = None
         self.decisions: Decisions = decide({}, self.batch.limit, config)
 
@@ -58,8 +60,12 @@ class PolicyEngine:
         if ttft_s is not None:
             self.ttft.add(now, ttft_s)
 
-    def on_engine_second(self, busy_share: float, now: float | None = None) -> None:
-        self.busy.add(time.time() if now is None else now, busy_share)
+    def on_engine_second(self, busy_share: float, now: float | None = None,
+                         kv_usage: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.busy.add(now, busy_share)
+        if kv_usage is not None:
+            self.kv.add(now, kv_usage)
 
     # --- evaluation ---------------------------------------------------------------
 
@@ -71,7 +77,8 @@ class PolicyEngine:
                          error_rate=self.outcomes.error_rate(now),
                          engine_failed=engine_failed, queue_depth=queue_depth,
                          load=sum(busy) / len(busy) if busy else 0.0, kv_usage=kv_usage,
-                         kv_forecast=kv_forecast, requests=len(window))
+                         kv_forecast=kv_forecast, requests=len(window),
+                         kv_exhaustion_s=time_to_full(self.kv.points(now)))
 
     def evaluate(self, signals: P.Signals, saturated: bool = False) -> Decisions:
         """`saturated`: requests are waiting for an engine slot (batch control)."""

@@ -1,5 +1,6 @@
 """In-memory sliding windows the policy engine reads once a second (never SQL on a
-tick): latency samples per context bucket, outcomes, and engine busy time.
+tick): latency samples per context bucket, outcomes, engine busy time, and the
+KV cache's trend (`time_to_full`).
 
 Each window keeps (time, value) pairs for `span_s` seconds in a deque; adding is
 O(1), and a P99 sorts at most the window's samples once per evaluation.
@@ -33,6 +34,11 @@ class SampleWindow:
             return [v for _, v in self._items]
         edge = now - span_s
         return [v for t, v in self._items if t >= edge]
+
+    def points(self, now: float) -> list[tuple[float, float]]:
+        """(time, value) pairs, oldest first."""
+        self._trim(now)
+        return list(self._items)
 
     def count(self, now: float) -> int:
         self._trim(now)
@@ -69,3 +75,26 @@ class OutcomeWindow:
 
     def count(self, now: float) -> int:
         return self._window.count(now)
+
+
+MIN_TREND_POINTS = 5  # a slope from fewer seconds is noise
+MIN_RISE_PER_S = 1e-4  # slower than 0.01% a second (over 2.7 h to fill) is flat
+
+
+def time_to_full(points: list[tuple[float, float]], full: float = 1.0) -> float | None:
+    """Seconds until `full` at the trend of `points` ((time, usage) pairs): the least
+    squares slope, from the newest measured usage; 0 when already full; None when the
+    trend is flat, falling, or there are too few points to tell."""
+    if len(points) < MIN_TREND_POINTS:
+        return None
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    if spread == 0:
+        return None
+    slope = sum((t - mean_t) * (v - mean_v) for t, v in points) / spread
+    if slope < MIN_RISE_PER_S:
+        return None
+    return max(0.0, (full - points[-1][1]) / slope)
+
