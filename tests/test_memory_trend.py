@@ -5,14 +5,13 @@ gauge `tailguard_kv_cache_exhaustion_seconds` (alert: TailguardKVCacheFullSoon).
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from observe import registry as R
-from observe.metrics import RequestMetrics, create_prometheus_export
 from slo.policy import conditions as P
 from slo.policy.engine import KV_TREND_S, PolicyEngine
 from slo.policy.lifecycle import ACTIVE, INACTIVE
 from slo.policy.live_windows import time_to_full
+from tests.prom_samples import fresh_metrics, sample_value
 
 T0 = 1_000_000.0
 CONFIG = P.PolicyConfig()
@@ -104,19 +103,11 @@ def test_old_samples_leave_the_trend():
 
 
 def test_the_gauge_says_seconds_and_the_cap_when_not_rising():
-    registry = CollectorRegistry()
-    export = create_prometheus_export(registry)
-    metrics = RequestMetrics(export.provider.get_meter("test"))
     name = R.KV_CACHE_EXHAUSTION.prom_name
-
-    def value():  # the one sample, whatever scope labels the exporter adds
-        return next(s.value for family in registry.collect() for s in family.samples
-                    if s.name == name)
-
-    metrics.record_kv_exhaustion(41.0)
-    assert value() == 41.0
-    metrics.record_kv_exhaustion(None)
-    assert value() == 3600.0
-    metrics.record_kv_exhaustion(5000.0)
-    assert value() == 3600.0
-    export.shutdown()
+    with fresh_metrics() as (metrics, registry):
+        metrics.record_kv_exhaustion(41.0)
+        assert sample_value(registry, name) == 41.0
+        metrics.record_kv_exhaustion(None)
+        assert sample_value(registry, name) == 3600.0
+        metrics.record_kv_exhaustion(5000.0)
+        assert sample_value(registry, name) == 3600.0

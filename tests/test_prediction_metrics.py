@@ -10,15 +10,14 @@ import random
 from functools import partial
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from observe import registry as R
-from observe.metrics import RequestMetrics, create_prometheus_export
 from observe.record import LatencyPrediction, RequestRecord
 from observe.stats import EngineTimes, WallClock
 from observe.tracelog import TraceLog
 from serving.observer import Observer
 from slo.predict.accuracy import judge_served, served_accuracy_sql
+from tests.prom_samples import fresh_metrics, sample_value
 
 NAN = float("nan")
 _IDS = itertools.count()
@@ -32,20 +31,8 @@ class _NoSpans:
 @pytest.fixture
 def served():
     """An observer over a fresh Prometheus registry and an in-memory trace log."""
-    registry = CollectorRegistry()
-    export = create_prometheus_export(registry)
-    with TraceLog(":memory:") as log:
-        metrics = RequestMetrics(export.provider.get_meter("test"))
+    with fresh_metrics() as (metrics, registry), TraceLog(":memory:") as log:
         yield Observer(log, _NoSpans(), metrics, WallClock(offset=0.0)), registry
-    export.shutdown()
-
-
-def _value(registry, name, **labels):
-    for family in registry.collect():
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
 
 
 def _record(prompt_tokens: int, ttft: float | None, output_tokens: int = 1,
@@ -82,7 +69,7 @@ def test_a_served_request_counts_its_error_and_coverage_per_bucket(served):
     short = _record(100, 0.5, output_tokens=5, decode=0.5,
                     prediction=_pred(0.25, 0.75, 0.125, 0.0625))
     _finish(observer, short, _record(2000, 1.0, prediction=_pred(0.5, 0.75)))  # no TPOT
-    v = partial(_value, registry)
+    v = partial(sample_value, registry)
     assert v("tailguard_prediction_ttft_judged_total", **SHORT) == 1
     assert v("tailguard_prediction_ttft_within_p90_total", **SHORT) == 1
     assert v("tailguard_prediction_ttft_error_ratio_count", **SHORT) == 1
@@ -117,8 +104,8 @@ def test_requests_the_rule_does_not_judge_leave_every_series_alone(served, rec):
 def test_a_prediction_without_a_p90_counts_its_error_but_no_coverage(served):
     observer, registry = served
     _finish(observer, _record(100, 0.5, prediction=_pred(0.25, NAN)))
-    assert _value(registry, "tailguard_prediction_ttft_error_ratio_count", **SHORT) == 1
-    assert _value(registry, "tailguard_prediction_ttft_judged_total", **SHORT) is None
+    assert sample_value(registry, "tailguard_prediction_ttft_error_ratio_count", **SHORT) == 1
+    assert sample_value(registry, "tailguard_prediction_ttft_judged_total", **SHORT) is None
 
 
 def _random_records(rng: random.Random, n: int) -> list[RequestRecord]:
@@ -146,13 +133,13 @@ def test_the_live_metrics_equal_the_sql_rule_per_context_bucket(served):
         for target, mape, coverage in (("ttft", ttft_mape, ttft_cov),
                                        ("tpot", tpot_mape, tpot_cov)):
             base = f"tailguard_prediction_{target}_"
-            count = _value(registry, base + "error_ratio_count", **labels)
-            total = _value(registry, base + "error_ratio_sum", **labels)
-            within = _value(registry, base + "within_p90_total", **labels)
-            judged = _value(registry, base + "judged_total", **labels)
+            count = sample_value(registry, base + "error_ratio_count", **labels)
+            total = sample_value(registry, base + "error_ratio_sum", **labels)
+            within = sample_value(registry, base + "within_p90_total", **labels)
+            judged = sample_value(registry, base + "judged_total", **labels)
             assert total / count == pytest.approx(mape, rel=1e-9), (bucket, target)
             assert within / judged == pytest.approx(coverage, rel=1e-12), (bucket, target)
-        assert _value(registry, "tailguard_prediction_ttft_error_ratio_count",
+        assert sample_value(registry, "tailguard_prediction_ttft_error_ratio_count",
                       **labels) == requests
 
 

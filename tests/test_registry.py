@@ -3,29 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry
 
 from observe import registry as R
-from observe.metrics import RequestMetrics, create_prometheus_export
 from observe.record import RequestRecord
 from observe.stats import EngineSnapshot, EngineTimes
+from tests.prom_samples import fresh_metrics, sample_value
 
 
 @pytest.fixture
 def exported():
-    registry = CollectorRegistry()
-    export = create_prometheus_export(registry)
-    metrics = RequestMetrics(export.provider.get_meter("test"))
-    yield metrics, registry
-    export.shutdown()
-
-
-def _value(registry, name, **labels):
-    for family in registry.collect():
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return None
+    with fresh_metrics() as pair:
+        yield pair
 
 
 def _finished_record() -> RequestRecord:
@@ -51,7 +39,7 @@ def test_every_metric_is_exported_under_its_contract_name(exported):
             instrument.set(1, labels)
     for metric in R.ALL_METRICS:
         suffix = "_count" if metric.kind == "histogram" else ""
-        assert _value(registry, metric.prom_name + suffix) == 1, metric.prom_name
+        assert sample_value(registry, metric.prom_name + suffix) == 1, metric.prom_name
 
 
 def test_a_finished_request_records_exact_phase_values(exported):
@@ -65,15 +53,15 @@ def test_a_finished_request_records_exact_phase_values(exported):
                 "gen_ai_server_time_per_output_token_seconds": 0.05,
                 "tailguard_request_sampling_seconds": 0.004}
     for name, value in expected.items():
-        assert _value(registry, name + "_sum", **bucket) == pytest.approx(value, abs=1e-9), name
-        assert _value(registry, name + "_count", **bucket) == 1
-    assert _value(registry, "gen_ai_server_time_to_first_token_seconds_bucket",
+        assert sample_value(registry, name + "_sum", **bucket) == pytest.approx(value, abs=1e-9), name
+        assert sample_value(registry, name + "_count", **bucket) == 1
+    assert sample_value(registry, "gen_ai_server_time_to_first_token_seconds_bucket",
                   le="0.15", **bucket) == 1
-    assert _value(registry, "gen_ai_server_time_to_first_token_seconds_bucket",
+    assert sample_value(registry, "gen_ai_server_time_to_first_token_seconds_bucket",
                   le="0.14", **bucket) == 0
-    assert _value(registry, "tailguard_requests_total", status="ok", context_bucket="1k-4k",
+    assert sample_value(registry, "tailguard_requests_total", status="ok", context_bucket="1k-4k",
                   priority="realtime") == 1
-    assert _value(registry, "tailguard_request_context_tokens_bucket", le="2048") == 1
+    assert sample_value(registry, "tailguard_request_context_tokens_bucket", le="2048") == 1
 
 
 def test_a_rejected_request_counts_but_records_no_latency(exported):
@@ -81,18 +69,18 @@ def test_a_rejected_request_counts_but_records_no_latency(exported):
     rec = RequestRecord("r2", arrival=1.0, endpoint="chat", end=1.01)
     rec.fail(400, "invalid_json", "bad", "rejected")
     metrics.record_request(rec)
-    assert _value(registry, "tailguard_requests_total", status="rejected") == 1
-    assert _value(registry, "tailguard_request_errors_total", error_type="invalid_json",
+    assert sample_value(registry, "tailguard_requests_total", status="rejected") == 1
+    assert sample_value(registry, "tailguard_request_errors_total", error_type="invalid_json",
                   http_status="400") == 1
-    assert _value(registry, "gen_ai_server_request_duration_seconds_count") is None
+    assert sample_value(registry, "gen_ai_server_request_duration_seconds_count") is None
 
 
 def test_engine_gauges_take_the_last_second(exported):
     metrics, registry = exported
     metrics.record_engine(EngineSnapshot(0.0, 3, 7, 0.25, 0, 0, 0, 0, 0.0, 0, None, None, 0))
-    assert _value(registry, "tailguard_requests_running") == 3
-    assert _value(registry, "tailguard_requests_waiting") == 7
-    assert _value(registry, "tailguard_kv_cache_usage_ratio") == 0.25
+    assert sample_value(registry, "tailguard_requests_running") == 3
+    assert sample_value(registry, "tailguard_requests_waiting") == 7
+    assert sample_value(registry, "tailguard_kv_cache_usage_ratio") == 0.25
 
 
 def test_context_bounds_include_the_seed_buckets():
