@@ -113,6 +113,7 @@ class Runtime:
         self.faults = FaultInjector(config.enable_fault_injection)
         self.guard = Guard(config.policies, self.tracelog, self.metrics, self.faults)
         self.observer.listeners.append(self.guard.on_request)
+        self.observer.listeners.append(self.predictor.on_request)  # drift: retrain sooner
         self.quota = SequenceQuota(config.max_sequences, config.max_client_sequences)
         self.observer.listeners.append(self.quota.release)
         self.admission = Admission(self.load, self.predictor, self.guard.limiter, self.faults,

@@ -5,8 +5,9 @@ It starts with the saved model beside the trace DB if there is one, else the see
 formula. A retrain trains a candidate on all but the newest 20% of the window and
 replaces the live model, in one assignment, only if the candidate beats it on that
 newest 20% (`slo.predict.accuracy.judge`); either way the decision is returned, kept for
-`describe()` and audited as a `policy_events` row. A request is predicted by one model
-or the other, never half of each.
+`describe()` and audited as a `policy_events` row. A retrain comes early when the live
+model drifts (`slo.predict.drift`: its TTFT p90 coverage falls under 80%). A request is
+predicted by one model or the other, never half of each.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from observe.record import AdmissionLoad, LatencyPrediction
+from observe.record import AdmissionLoad, LatencyPrediction, RequestRecord
 from serving.guard.periodic import Periodic
 from slo.predict.accuracy import GATE_EVENT, HOLDOUT_SHARE, accuracy, judge
+from slo.predict.drift import DriftWatch
 from slo.predict.features import TrainingSet, feature_vector, training_sql
 from slo.predict.model import MIN_ROWS, SeedModel, e2e_s, load_model, train
 
@@ -42,6 +44,7 @@ class PredictionService:
         self.last_decision: dict | None = None  # the last retrain gate decision
         self._retrain_lock = threading.Lock()
         self._periodic: Periodic | None = None
+        self.drift = DriftWatch()
 
     def _initial_model(self):
         if self.model_path and self.model_path.exists():
@@ -67,6 +70,18 @@ class PredictionService:
     def start(self) -> None:
         self._periodic = Periodic("tailguard-retrain", self.retrain_interval_s, self.retrain)
         self._periodic.start()
+
+    def on_request(self, rec: RequestRecord) -> None:
+        """A finished request (observer listener): when the live model has drifted, a
+        retrain on a thread of its own, through the same gate; never with retraining
+        off (interval 0), never two at once."""
+        if self.drift.observe(rec, time.monotonic()) and self.retrain_interval_s > 0 \
+                and not self._retrain_lock.locked():
+            log.warning("latency model %s drifted: TTFT p90 coverage under %.0f%%; "
+                        "retraining now", rec.prediction.version,
+                        self.drift.min_coverage * 100)
+            threading.Thread(target=self.retrain, args=("drift",), name="tailguard-drift",
+                             daemon=True).start()
 
     def retrain(self, trigger: str = "periodic") -> dict:
         """Train a candidate on the recent window less its newest HOLDOUT_SHARE and make
