@@ -126,7 +126,9 @@ def stop_profiling() -> bool:
 
 
 def phase_tags(phase: str, context_bucket: str):
-    """Tag this thread's samples for the block; a shared no-op while profiling is off."""
+    """Tag this thread's samples for the block; a shared no-op while profiling is off.
+    pyroscope-io adds and removes the tags one at a time, so the odd sample at the
+    block's edges carries only one of the two."""
     wrapper = _tag_wrapper
     if wrapper is None:
         return _OFF

@@ -131,7 +131,10 @@ def test_server_and_engine_push_profiles_tagged_by_phase(fleet, profiles):
     assert push.labels["model"] == "tailguard-tiny-llama"
     tagged = [s for s in profiles.samples() if s.labels.get("phase")]
     assert {s.labels["phase"] for s in tagged} <= set(PHASES)
-    assert {s.labels["context_bucket"] for s in tagged} <= set(R.CONTEXT_BUCKETS)
+    # pyroscope-io sets a thread's tags one at a time (phase, then context_bucket), so
+    # a sample taken in between carries the phase alone: rare, and not ours to close
+    both = [s for s in tagged if "context_bucket" in s.labels]
+    assert both and {s.labels["context_bucket"] for s in both} <= set(R.CONTEXT_BUCKETS)
 
 
 @pytest.mark.parametrize("body,code", [({"older_than_s": -1}, "invalid_request"),
