@@ -34,6 +34,7 @@ class Result:
     e2e_s: float | None = None
     token_times: list[float] = field(default_factory=list)  # s after send, per chunk
     retry_after_s: float | None = None  # a refusal's Retry-After header
+    retry: Result | None = None  # the one resend after Retry-After (Target.retry_refused)
 
     @property
     def tpot_s(self) -> float | None:
@@ -53,6 +54,9 @@ class Target:
     api_key: str = "unused"
     timeout_s: float = 120.0
     drain_s: float = 60.0
+    # A request refused with 429 and Retry-After is sent once more after that long,
+    # as a well-behaved client does (`Result.retry`); open loop only.
+    retry_refused: bool = False
 
 
 async def run(target: Target, workload: Workload, on_done=None) -> list[Result]:
@@ -132,6 +136,12 @@ async def _scheduled(client, target, index, arrival: Arrival, prompt, start, on_
     result = Result(index, time.monotonic() - start, arrival.prompt_words, arrival.max_tokens)
     try:
         await _sent(client, target, prompt, result)
+        if target.retry_refused and result.http_status == 429 \
+                and result.retry_after_s is not None:
+            await asyncio.sleep(result.retry_after_s)
+            result.retry = Result(index, time.monotonic() - start, arrival.prompt_words,
+                                  arrival.max_tokens)
+            await _sent(client, target, prompt, result.retry)
     except asyncio.CancelledError:
         pass  # a straggler cut off at the drain deadline: reported, marked "cancelled"
     if on_done is not None:

@@ -10,7 +10,8 @@ waits on the server (open loop: a slow server does not slow the offered load).
   burst test);
 - mixed: steady arrivals with bimodal lengths, 70% chat (200-500 prompt tokens) and
   30% documents (up to the model's context).
-- surge: burst's shape (3x through the middle third) with mixed's lengths.
+- surge: burst's shape (`surge_factor`, 3x by default, through the middle third) with
+  mixed's lengths.
 - diurnal: a day compressed into `period_s`: the rate swings between 10% and 100% of
   the target on a cosine, with 3x bursts of 15 s at random moments, mixed lengths and
   max_tokens from 8 to twice `output_tokens` (what the predictor and the memory
@@ -56,6 +57,7 @@ class Workload:
     seed: int = 0
     prompt_range: tuple[int, int] = CHAT_TOKENS  # tokens of a chat prompt
     period_s: float = 600.0  # diurnal: one compressed day
+    surge_factor: float = 3.0  # burst/surge: the rate through the middle third, x rate
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -66,13 +68,15 @@ class Workload:
             raise ValueError("max_context is too small for the output tokens")
         if not self.period_s > 0:
             raise ValueError("period_s must be positive")
+        if not self.surge_factor >= 1:
+            raise ValueError("surge_factor must be >= 1")
 
     def rate_at(self, t: float) -> float:
         if self.scenario == "ramp":
             return self.rate * t / self.duration_s
         if self.scenario in ("burst", "surge") and (self.duration_s / 3 <= t
                                                      < 2 * self.duration_s / 3):
-            return 3 * self.rate
+            return self.surge_factor * self.rate
         if self.scenario == "diurnal":
             day = DIURNAL_FLOOR + (1 - DIURNAL_FLOOR) * (1 - math.cos(2 * math.pi * t
                                                                       / self.period_s)) / 2
@@ -88,7 +92,8 @@ class Workload:
     def arrivals(self) -> list[Arrival]:
         """Poisson arrivals by thinning against the peak rate (exact for any shape)."""
         rng = random.Random(self.seed)
-        peak = 3 * self.rate if self.scenario in ("burst", "diurnal", "surge") else self.rate
+        peak = self.rate * {"burst": self.surge_factor, "surge": self.surge_factor,
+                            "diurnal": 3}.get(self.scenario, 1)
         out, t = [], 0.0
         while len(out) < self.max_requests:
             t += rng.expovariate(peak)

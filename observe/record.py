@@ -86,6 +86,9 @@ class RequestRecord:
     policy_actions: list[str] = field(default_factory=list)
     load: AdmissionLoad | None = None
     prediction: LatencyPrediction | None = None
+    # TTFT from arrival as the engine model estimated it at admission (deadline check;
+    # unscaled by any slowdown): what breaker L1's off-model sign compares against.
+    ttft_estimate_s: float | None = None
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
     client: str | None = None  # the API key's name, `anonymous` without keys; None: unknown
@@ -161,5 +164,6 @@ class RequestRecord:
             "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
             "policy_actions": list(self.policy_actions),
             "tokenize_s": self.tokenize_s, "vip": self.vip, "client": self.client,
+            "estimated_ttft_s": self.ttft_estimate_s,
             **_load_columns(self.load), **_prediction_columns(self.prediction),
         }

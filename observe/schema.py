@@ -85,6 +85,9 @@ REQUESTS: Final = TableSpec("requests", (
     # Who called: the API key's name, `anonymous` on a server without keys; NULL when
     # not known (no valid key). Never a peer address: a bounded set, no personal data.
     ("client", "VARCHAR"),
+    # The deadline check's TTFT estimate at admission (the live engine model over the
+    # work ahead in the request's lane): why a request was refused, or admitted.
+    ("estimated_ttft_s", "DOUBLE"),
 ))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),

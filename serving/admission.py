@@ -3,9 +3,12 @@
 Two points, because what is known grows on the way in:
 - `check_http` (body parsed, not tokenized): the engine restarting, shedding
   non-VIP load, the max_tokens cap;
-- `admit` (tokenized, just before the engine): the load it meets and its predicted
-  latency, truncation, the predicted-miss lane change or shed, then the concurrency
-  limiter (realtime lane before batch) and any injected fault.
+- `admit` (tokenized, just before the engine): the load it meets, truncation, the
+  deadline check (`slo.policy.feasibility`: can its first token still come in time
+  given the work ahead of it in its lane? if not, truncate where a policy allows it
+  and that suffices, else refuse at once with 429 and the predicted drain time as
+  Retry-After), its predicted latency, then the concurrency limiter (VIP, realtime,
+  batch lanes) and any injected fault.
 Each decision lands in the record's `policy_actions` (its span and row); a refusal
 comes back as a `Refusal` value, which the HTTP layer answers (`serving.errors`).
 The policy loop hands admission its decisions through `publish()`.
@@ -18,21 +21,27 @@ from dataclasses import dataclass
 
 from observe import registry as R
 from observe.record import RequestRecord
+from observe.record import AdmissionLoad
 from serving.engine.fault_injection import FaultInjector
+from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
-from serving.limiter import Limiter, LimiterTimeout
+from serving.limiter import LANE_VIP, Limiter, LimiterTimeout
+from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Admission's no: why (the row's error type: `shed`, `engine_restarting`,
-    `admission_timeout`), what to tell the client, and when it may come back."""
+    `admission_timeout`, `deadline`), what to tell the client, when it may come back,
+    and the HTTP status (503: the server cannot serve now; 429: this request cannot
+    be served in time now, come back later)."""
 
     reason: str
     message: str
     retry_after_s: int
+    status: int = 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +60,16 @@ def _shed(policy: str, retry_after_s: int) -> Refusal:
 
 class Admission:
     def __init__(self, load: LoadTracker, predictor: PredictionService, limiter: Limiter,
-                 faults: FaultInjector, ttft_target=None):
+                 faults: FaultInjector, ttft_target=None,
+                 engine_model: LiveEngineModel | None = None):
         self.load = load
         self.predictor = predictor
         self.limiter = limiter
         self.faults = faults
         self.ttft_target = ttft_target  # prompt tokens -> TTFT target s, or None
+        self.engine_model = engine_model or LiveEngineModel()
         self.decisions = Decisions(concurrency_limit=limiter.limit)
+        self.refused_deadline = 0  # requests refused by the deadline check (a counter)
 
     def publish(self, decisions: Decisions) -> None:
         """The policy loop's latest decisions; every later request is admitted by them."""
@@ -92,18 +104,25 @@ class Admission:
             prompt_tokens = d.truncate_tokens
         rec.queued_at = rec.queued_at or time.monotonic()
         target = self.ttft_target(prompt_tokens) if self.ttft_target else None
+        lane = LANE_VIP if rec.vip else rec.priority
         load = self.load.admit(prompt_tokens)
         if rec.load is None:
             rec.load = load
+            check = self._deadline_check(rec, lane, load, prompt_tokens, target, d)
+            if check is not None and check.action == F.REFUSE:
+                self.load.release(prompt_tokens)
+                rec.prompt_tokens = prompt_tokens  # its row says what was refused
+                return self._refuse(rec, check)
+            if check is not None and check.action == F.TRUNCATE:
+                prompt, prompt_tokens = self._truncate(rec, prompt, prompt_tokens,
+                                                       check.truncate_to)
+            elapsed = time.monotonic() - rec.arrival
             rec.prediction = self.predictor.predict(
-                prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH,
-                time.monotonic() - rec.arrival)
-            refusal = self._predicted_miss(rec, prompt_tokens, target, d)
-            if refusal is not None:
-                return refusal
+                prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH, elapsed,
+                queue_ttft_s=None if check is None else check.ttft_s + elapsed)
         try:
             await self.faults.before_engine()
-            await self._acquire(rec, target, d)
+            await self._acquire(rec, lane, target, prompt_tokens, d)
         except LimiterTimeout as exc:
             self.load.release(prompt_tokens)
             return Refusal("admission_timeout", str(exc), d.retry_after_s)
@@ -112,38 +131,65 @@ class Admission:
             raise
         return Admitted(prompt, prompt_tokens)
 
-    def _predicted_miss(self, rec: RequestRecord, prompt_tokens: int, target: float | None,
-                        d: Decisions) -> Refusal | None:
-        """Under overload, a request predicted to miss its TTFT target by far moves to
-        the batch lane (realtime) or is shed (batch): it would only take a slot from
-        one that can still make it."""
-        if d.predicted_miss_factor is None or target is None:
-            return None
-        if rec.prediction.ttft_s <= target * d.predicted_miss_factor:
-            return None
-        if rec.priority == R.PRIORITY_REALTIME:
-            rec.priority = R.PRIORITY_BATCH
-            rec.policy_actions.append("demote:predicted_miss")
-            return None
-        self.load.release(prompt_tokens)
-        rec.policy_actions.append("shed:predicted_miss")
-        return _shed("predicted_miss", d.retry_after_s)
+    def work_ahead(self, lane: str, load: AdmissionLoad, now: float) -> F.WorkAhead:
+        """What stands between a newcomer in `lane` and its first token: prompt tokens
+        in the engine not yet prefilled (any lane: the engine serves them in order)
+        and those waiting for a slot in its lane or a lane before it."""
+        waiting_all = self.limiter.waiting_tokens()
+        in_engine = max(0, load.pending_prefill_tokens - waiting_all)
+        running = load.running_requests
+        return F.WorkAhead(in_engine + self.limiter.waiting_tokens(lane), running,
+                           F.step_in_progress_s(self.engine_model.model, running, in_engine),
+                           self.limiter.slot_wait_s(lane, now))
 
-    async def _acquire(self, rec: RequestRecord, target: float | None, d: Decisions) -> None:
-        """Under overload (the predicted-miss policy on) a realtime request waits in the
-        realtime lane only until its TTFT target has passed; by then it cannot meet it,
-        so it moves to the batch lane and the realtime lane keeps only requests that
+    def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
+                        prompt_tokens: int, target: float | None,
+                        d: Decisions) -> F.Feasibility | None:
+        """The estimate always (it is the queue-aware TTFT prediction); the verdict is
+        applied only while the deadline policy is on (None: no target to judge by)."""
+        if target is None:
+            return None
+        now = time.monotonic()
+        check = F.judge(self.engine_model.model, prompt_tokens,
+                        self.work_ahead(lane, load, now), rec.arrival + target - now,
+                        vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
+                        margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
+        rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
+        if d.deadline_margin is None and check.action != F.ADMIT:
+            return F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
+        return check
+
+    def _refuse(self, rec: RequestRecord, check: F.Feasibility) -> Refusal:
+        self.refused_deadline += 1
+        rec.policy_actions.append("refuse:deadline")
+        return Refusal("deadline", f"cannot meet the {check.left_s + 0.0:.2f} s left to this "
+                       f"request's first-token deadline (first token expected in "
+                       f"{check.ttft_s:.2f} s); retry after {check.retry_after_s} s",
+                       check.retry_after_s, status=429)
+
+    def _truncate(self, rec: RequestRecord, prompt, prompt_tokens: int, keep: int):
+        self.load.release(prompt_tokens)
+        self.load.admit(keep)
+        rec.policy_actions.append(f"truncate:{prompt_tokens}->{keep}")
+        return _truncated(prompt, keep), keep
+
+    async def _acquire(self, rec: RequestRecord, lane: str, target: float | None,
+                       prompt_tokens: int, d: Decisions) -> None:
+        """While the deadline policy is on, a realtime request waits in its lane only
+        as long as its first token can still come in time after it gets a slot; past
+        that it moves to the batch lane, and the realtime lane keeps only requests that
         still can."""
-        if (d.predicted_miss_factor is not None and target is not None
-                and rec.priority == R.PRIORITY_REALTIME):
-            left = target - (time.monotonic() - rec.arrival)
+        if d.deadline_margin is not None and target is not None \
+                and lane == R.PRIORITY_REALTIME:
+            own = F.prefill_s(self.engine_model.model, prompt_tokens, 0)
+            left = target - (time.monotonic() - rec.arrival) - own
             try:
-                await self.limiter.acquire(R.PRIORITY_REALTIME, max(0.0, left))
+                await self.limiter.acquire(lane, max(0.0, left), prompt_tokens)
                 return
             except LimiterTimeout:
-                rec.priority = R.PRIORITY_BATCH
+                rec.priority = lane = R.PRIORITY_BATCH
                 rec.policy_actions.append("demote:deadline")
-        await self.limiter.acquire(rec.priority)
+        await self.limiter.acquire(lane, tokens=prompt_tokens)
 
     def first_token(self, prompt_tokens: int) -> None:
         """Its prefill is done: no longer work ahead of newcomers."""

@@ -56,8 +56,9 @@ class ApiError(Exception):
 
 
 def from_refusal(refusal: Refusal) -> ApiError:
-    """Admission's refusal -> 503 with Retry-After: a rejection (the server chose it)."""
-    return ApiError(503, refusal.reason, refusal.message,
+    """Admission's refusal -> its status (503, or 429 from the deadline check) with
+    Retry-After: a rejection (the server chose it)."""
+    return ApiError(refusal.status, refusal.reason, refusal.message,
                     headers={"Retry-After": str(refusal.retry_after_s)}, shed=True)
 
 

@@ -27,6 +27,7 @@ from serving.admin.auth import resolve_admin_token
 from serving.admission import Admission
 from serving.config import ServerConfig
 from serving.engine.fault_injection import FaultInjector
+from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker, resident_bytes
 from serving.engine.observed import ObservedEngine
 from serving.engine.setup import start_engine, vllm_namespace
@@ -116,13 +117,14 @@ class Runtime:
         self.observer.listeners.append(self.predictor.on_request)  # drift: retrain sooner
         self.quota = SequenceQuota(config.max_sequences, config.max_client_sequences)
         self.observer.listeners.append(self.quota.release)
+        self.engine_model = LiveEngineModel()  # calibrated by every step, warm-up's too
         self.admission = Admission(self.load, self.predictor, self.guard.limiter, self.faults,
-                                   self.observer.judge.ttft_target)
+                                   self.observer.judge.ttft_target, self.engine_model)
         self.forecast = ForecastService(self.tracelog, config.forecaster_path,
                                         self.metrics.record_forecast,
                                         reselect_s=config.reselect_interval_s)
         self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
-                                  self.load.on_step])
+                                  self.load.on_step, self.engine_model.on_step])
         self.engine = EngineSlot()
         self.deps = RequestDeps(config, self.observer, config.keys, self.quota,
                                 self.admission, self.engine)
@@ -194,6 +196,8 @@ class Runtime:
         engine = await asyncio.to_thread(start_engine, self._args,
                                          [stat_logger_factory(self.second)])
         started = time.monotonic()
+        self.engine_model.set_token_budget(
+            engine.vllm_config.scheduler_config.max_num_batched_tokens)
         model_config = engine.model_config
         calls = await warm_up(engine, model_config.max_model_len,
                               model_config.get_vocab_size(), measure=not restart)

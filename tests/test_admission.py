@@ -1,10 +1,11 @@
 """Admission without an engine: the limiter's lanes and limits, and each per-request
-decision (cap, shed, truncation, predicted miss) on a real record with the real
+decision (cap, shed, truncation, the deadline check) on a real record with the real
 predictor service (seed formula)."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from serving.engine.stats import EngineSecond
 from serving.errors import from_refusal
 from serving.guard.live_predictor import PredictionService
 from serving.limiter import Limiter, LimiterTimeout
+from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 
 
@@ -82,25 +84,82 @@ def test_truncation_keeps_the_first_tokens():
     prompt, tokens = admitted.prompt, admitted.prompt_tokens
     assert prompt["prompt_token_ids"] == list(range(100)) and tokens == 100
     assert rec.policy_actions == ["truncate:150->100"]
-    assert rec.prediction.version == "seed-003" and rec.load.pending_requests == 0
+    assert rec.prediction.version == "engine-queue" and rec.load.pending_requests == 0
 
 
-@pytest.mark.parametrize("priority,target_s,outcome", [
-    (R.PRIORITY_REALTIME, 0.001, "demote:predicted_miss"),  # seed predicts >= 50 ms
-    (R.PRIORITY_BATCH, 0.001, "shed:predicted_miss"),
-    (R.PRIORITY_REALTIME, 10.0, None),  # predicted well within its target
+DEADLINE = dict(deadline_margin=0.8, deadline_truncate_tokens=4096)
+
+
+def _queue(adm: Admission, tokens: int) -> None:
+    """Prompt tokens admitted into the engine with no first token yet (work ahead)."""
+    adm.load.admit(tokens)
+
+
+@pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [
+    # an empty engine: the prior model says ~25 ms for 10 tokens -> admitted
+    (R.PRIORITY_REALTIME, False, 0, 0.5, None),
+    (R.PRIORITY_BATCH, False, 0, 0.5, None),
+    # 200,000 prompt tokens ahead (tens of seconds of prefill) -> refused now
+    (R.PRIORITY_REALTIME, False, 200_000, 0.5, "refuse:deadline"),
+    (R.PRIORITY_BATCH, False, 200_000, 0.5, "refuse:deadline"),
+    # VIP is never refused for load
+    (R.PRIORITY_REALTIME, True, 200_000, 0.5, None),
 ])
-def test_a_far_predicted_miss_changes_lane_or_is_shed(priority, target_s, outcome):
-    adm = _admission(Decisions(8, predicted_miss_factor=2.0), target_s)
-    rec = _record(priority)
+def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
+        priority, vip, queued, target_s, outcome):
+    adm = _admission(Decisions(8, **DEADLINE), target_s)
+    _queue(adm, queued)
+    rec = _record(priority, vip)
+    rec.arrival = time.monotonic()
     verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
-    if outcome == "shed:predicted_miss":
-        assert isinstance(verdict, Refusal)
-        assert from_refusal(verdict).status == 503 and adm.load.pending == (0, 0)
-    else:
-        assert not isinstance(verdict, Refusal)
-        assert rec.priority == (R.PRIORITY_BATCH if outcome else priority)
     assert rec.policy_actions == ([outcome] if outcome else [])
+    model = adm.engine_model.model
+    if outcome is None:
+        assert not isinstance(verdict, Refusal)
+        in_progress = F.step_in_progress_s(model, 0, queued)
+        assert rec.ttft_estimate_s == pytest.approx(
+            F.first_token_s(model, 10, F.WorkAhead(queued, 0, in_progress)), abs=0.01)
+        return
+    err = from_refusal(verdict)
+    drain = F.prefill_s(model, queued, 0) + F.step_in_progress_s(model, 0, queued)
+    assert err.status == 429 and err.error_type == "deadline"
+    assert err.headers == {"Retry-After": str(min(120, math.ceil(drain)))}
+    assert adm.load.pending == (1, queued)  # its own tokens left with it
+    assert adm.refused_deadline == 1
+
+
+def test_with_the_deadline_policy_forced_off_nothing_is_refused_for_lateness():
+    adm = _admission(Decisions(8), 0.5)  # deadline_margin None: forced off
+    _queue(adm, 200_000)
+    rec = _record()
+    rec.arrival = time.monotonic()
+    verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
+    assert not isinstance(verdict, Refusal) and rec.policy_actions == []
+    assert rec.ttft_estimate_s > 10  # the estimate is still made (breaker, prediction)
+    assert rec.prediction.version == "engine-queue"
+
+
+def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
+    async def scenario():
+        adm = _admission(Decisions(1, **DEADLINE), 0.5, limit=1)
+        await adm.limiter.acquire(R.PRIORITY_REALTIME)  # one request holds the slot
+        adm.load.admit(300)  # ... and waits for its first token
+        waiters = [asyncio.create_task(adm.limiter.acquire(lane, tokens=tokens))
+                   for lane, tokens in (("vip", 50), (R.PRIORITY_REALTIME, 700),
+                                        (R.PRIORITY_BATCH, 9000))]
+        for (_, tokens) in (("vip", 50), ("rt", 700), ("batch", 9000)):
+            adm.load.admit(tokens)
+        await asyncio.sleep(0.01)
+        load = adm.load.admit(0)
+        now = time.monotonic()
+        out = {lane: adm.work_ahead(lane, load, now).prefill_tokens
+               for lane in ("vip", R.PRIORITY_REALTIME, R.PRIORITY_BATCH)}
+        for w in waiters:
+            w.cancel()
+        return out
+
+    assert asyncio.run(scenario()) == {"vip": 350, R.PRIORITY_REALTIME: 1050,
+                                       R.PRIORITY_BATCH: 10_050}
 
 
 def test_the_limiter_serves_realtime_before_batch_and_fifo_within_a_lane():
@@ -155,14 +214,19 @@ def test_a_waiter_gives_up_after_max_wait_and_leaves_the_queue():
     assert asyncio.run(scenario()) == (0, 1)
 
 
-def test_under_overload_a_realtime_waiter_past_its_target_moves_to_the_batch_lane():
+def test_a_realtime_waiter_whose_slot_comes_too_late_moves_to_the_batch_lane():
+    """Admitted on the slot-wait estimate (one release every 10 ms lately), but the
+    slot does not come: at its deadline less its own prefill it changes lane."""
     async def scenario():
-        adm = _admission(Decisions(1, predicted_miss_factor=1e9), target_s=0.05, limit=1)
+        adm = _admission(Decisions(1, **DEADLINE), target_s=0.3, limit=1)
+        for _ in range(1000):  # a busy recent past: slots free up fast
+            await adm.limiter.acquire(R.PRIORITY_REALTIME)
+            adm.limiter.release()
         await adm.limiter.acquire(R.PRIORITY_REALTIME)  # the engine's one slot is taken
         rec = _record()
         rec.arrival = time.monotonic()
         task = asyncio.create_task(adm.admit(rec, _prompt(10), 10, 4))
-        await asyncio.sleep(0.15)  # past its 50 ms target, still waiting
+        await asyncio.sleep(0.4)  # past its 300 ms target, still waiting
         waiting_in = [lane for lane, q in adm.limiter._lanes.items() if q]
         adm.limiter.release()
         await task

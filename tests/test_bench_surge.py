@@ -13,8 +13,12 @@ from bench.policy.surge_scoring import (
     credit,
     goodput,
     goodput_per_served,
+    admitted_attainment,
     lane_attainment,
+    miss_prediction,
+    retries,
     outcome,
+    prediction_accuracy,
     smooth_goodput,
     summarize,
 )
@@ -109,13 +113,15 @@ def rounds(pairs):
 
 
 @pytest.mark.parametrize(("pairs", "median", "spread", "wins", "met"), [
-    ([(2, 4), (2, 3), (2, 2), (2, 5), (2, 1)], 1.5, (0.5, 2.5), 3, True),
-    ([(2, 4), (2, 2), (2, 2), (2, 5), (2, 1)], 1.0, (0.5, 2.5), 2, False),
+    ([(2, 4), (2, 3), (2, 3), (2, 5), (2, 3)], 1.5, (1.5, 2.5), 5, True),
+    ([(2, 4), (2, 3), (2, 3), (2, 5), (2, 1)], 1.5, (0.5, 2.5), 4, False),
     ([(2, 1), (2, 1), (2, 1), (2, 1), (2, 1)], 0.5, (0.5, 0.5), 0, False),
-    ([(0, 4), (2, 4), (2, 1)], 1.25, (0.5, 2.0), 1, False),  # off at 0 has no ratio
-], ids=["median at the goal", "a good round or two is not the median",
-        "policies worse every round", "a round with off at zero is left out"])
-def test_the_verdict_is_the_median_ratio_against_the_goal(pairs, median, spread, wins, met):
+    ([(0, 4), (2, 4), (2, 3)], 2.0, (1.5, float("inf")), 3, True),
+    ([(0, 0), (2, 4), (2, 3)], 1.5, (1.0, 2.0), 2, False),
+], ids=["every round at the goal", "one bad round fails the median's good verdict",
+        "policies worse every round", "off at zero and on above is infinitely ahead",
+        "both at zero is a tie"])
+def test_the_verdict_is_every_round_against_the_goal(pairs, median, spread, wins, met):
     got = compare(rounds(pairs), "g")
     assert (got["median"], (got["min"], got["max"]), got["on_wins"], got["met"]) == (
         median, spread, wins, met)
@@ -150,4 +156,58 @@ def test_one_run_summary_from_client_results():
     assert summarize(by_key, 2.0) == {
         "offered": 5, "ok": 3, "shed": 1, "not_served": {"shed": 1, "client_sequence_limit": 1},
         "goodput_rps": 1.0, "smooth_goodput_rps": 0.75, "goodput_per_served": 2 / 3,
-        "realtime_key_attainment": 2 / 3}
+        "realtime_key_attainment": 2 / 3, "retried": 0, "retry_on_time": None}
+
+
+def row(priority="realtime", vip=False, status="ok", ttft_s=0.1, target=0.2, actions=(),
+        estimate=None) -> dict:
+    return {"priority": priority, "vip": vip, "status": status, "ttft_s": ttft_s,
+            "slo_ttft_target_s": target, "policy_actions": list(actions),
+            "estimated_ttft_s": estimate}
+
+
+def test_admitted_realtime_and_vip_attainment():
+    rows = [row(), row(ttft_s=0.3),  # admitted realtime: one on time, one late
+            row(actions=["demote:deadline"], priority="batch"),  # demoted: a miss
+            row(status="rejected", ttft_s=None, actions=["refuse:deadline"]),  # not admitted
+            row(priority="batch"),  # not realtime
+            row(vip=True), row(vip=True, status="rejected", ttft_s=None,
+                                 actions=["refuse:deadline"])]  # a refused VIP: a miss
+    assert admitted_attainment(rows) == {"admitted_realtime": 3,
+                                         "admitted_realtime_attainment": 1 / 3,
+                                         "vip": 2, "vip_attainment": 0.5}
+
+
+def test_miss_prediction_precision_and_recall():
+    rows = [row(ttft_s=0.3, estimate=0.25),  # predicted (0.25 > 0.16) and missed
+            row(ttft_s=0.1, estimate=0.17),  # predicted, made it: a false alarm
+            row(ttft_s=0.3, estimate=0.1),  # missed, not predicted
+            row(ttft_s=0.1, estimate=0.1),  # neither
+            row(ttft_s=0.1, estimate=None),  # no estimate: not judged
+            row(status="rejected", ttft_s=None, estimate=0.5)]  # not served: not judged
+    assert miss_prediction(rows) == {"judged": 4, "predicted_misses": 2, "misses": 2,
+                                     "precision": 0.5, "recall": 0.5}
+    assert miss_prediction([row(estimate=0.1)])["precision"] is None
+
+
+def test_retries_after_retry_after_are_scored_on_their_own():
+    refused = Result(0, 0.0, PROMPT, ASK)
+    refused.fail("deadline", 429)
+    refused.retry = served()
+    late = Result(1, 0.0, PROMPT, ASK)
+    late.fail("deadline", 429)
+    late.retry = served(ttft_s=TARGET_S * 2)
+    assert retries({"realtime": [refused, late, served()]}) == {"retried": 2,
+                                                                 "retry_on_time": 0.5}
+    assert retries({"realtime": [served()]}) == {"retried": 0, "retry_on_time": None}
+
+
+def test_prediction_accuracy_of_served_requests():
+    rows = [dict(row(ttft_s=0.1), predicted_ttft_s=0.11, predicted_ttft_p90_s=0.2),  # 10%
+            dict(row(ttft_s=0.2), predicted_ttft_s=0.1, predicted_ttft_p90_s=0.15),  # 50%
+            dict(row(ttft_s=0.4), predicted_ttft_s=0.5, predicted_ttft_p90_s=0.6),  # 25%
+            dict(row(status="rejected", ttft_s=None), predicted_ttft_s=0.1,
+                 predicted_ttft_p90_s=0.2)]
+    got = prediction_accuracy(rows)
+    assert got["predicted"] == 3 and got["ttft_p90_coverage"] == pytest.approx(2 / 3)
+    assert got["ttft_mape_p50"] == pytest.approx(0.25)

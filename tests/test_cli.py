@@ -148,8 +148,8 @@ def test_serve_refuses_a_bad_slo_spec_with_its_line(tmp_path):
 
 
 @pytest.mark.parametrize("option,text,needle", [
-    ("--policies", "breaker_p99_s: 1.0\nbreaker_p99_clear_s: 2.0\n",
-     "breaker_p99_clear_s must not exceed breaker_p99_s"),
+    ("--policies", "breaker_off_model: 2.0\nbreaker_off_model_clear: 2.5\n",
+     "breaker_off_model_clear must not exceed breaker_off_model"),
     ("--policies", "brekaer_p99_s: 1.0\n", "unknown field(s) brekaer_p99_s"),
     ("--keys", "keys:\n  - name: a\n    key: sk-a\n    tier: gold\n",
      "bad.yaml:4: keys[0].tier"),

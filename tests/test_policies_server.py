@@ -1,6 +1,7 @@
 """Degradation policies on a real engine: each trips on its condition (driven by
 fault injection or real load) and recovers; overrides beat automatic decisions,
-expire, and survive a restart; shed requests get 503 + Retry-After and a row.
+expire, and survive a restart; shed requests get 503 + Retry-After and a row, and
+requests that cannot meet their deadline get 429 + Retry-After at once.
 
 One server for the module, with short timings (tests/data/policies_fast.yaml) so a
 trip-and-recover cycle takes seconds, a keys file with a VIP key, and a small KV cache
@@ -67,6 +68,12 @@ def wait_for(predicate, timeout: float = 60, every: float = 0.25):
     raise AssertionError(f"condition not met within {timeout} s")
 
 
+def settled(srv, timeout: float = 90) -> None:
+    """Wait out what earlier tests tripped: the breaker and the load policies."""
+    for name in ("breaker_l1", "vip_only", "token_cap"):
+        wait_for(lambda: state(srv, name) == "inactive", timeout=timeout)
+
+
 def fault(srv, mode: str, **kw) -> None:
     resp = httpx.put(srv.url + "/admin/faults", headers=AUTH, timeout=10,
                      json={"mode": mode, **kw})
@@ -111,11 +118,12 @@ def test_the_key_sets_the_priority_and_a_header_cannot_raise_it(guarded):
 def test_token_cap_trips_on_queue_depth_and_recovers(guarded):
     fault(guarded, "stall", timeout_s=60)
     with ThreadPoolExecutor(12) as pool:
-        stalled = [pool.submit(complete, guarded, PLAIN, 20, 4) for _ in range(7)]
+        # VIP: a deep queue of plain requests would be refused by the deadline check
+        stalled = [pool.submit(complete, guarded, VIP, 20, 4) for _ in range(7)]
         wait_for(lambda: state(guarded, "token_cap") == "active")
         described = next(p for p in policies(guarded)["policies"] if p["policy"] == "token_cap")
         assert described["reason"].startswith("queue depth") and described["since"] > 0
-        capped = pool.submit(complete, guarded, PLAIN, 20, 400)
+        capped = pool.submit(complete, guarded, VIP, 20, 400)
         time.sleep(0.5)
         fault(guarded, "none")
         assert all(f.result().status_code == 200 for f in stalled)
@@ -128,21 +136,81 @@ def test_token_cap_trips_on_queue_depth_and_recovers(guarded):
         ("inactive", "active"), ("active", "recovering"), ("recovering", "inactive")]
 
 
-def test_breaker_l1_sheds_non_vip_with_retry_after_and_recovers(guarded):
+def test_breaker_l1_trips_on_a_slow_engine_probes_one_at_a_time_and_recovers(guarded):
+    """Requests far slower than the engine model says (an injected 0.8 s before the
+    engine, against a ~30 ms estimate): sick. One request at a time gets through;
+    the deadline check, its estimate scaled by the slowdown, refuses (429) what the
+    sick engine cannot serve in time, VIP aside."""
+    settled(guarded)
     fault(guarded, "slow", delay_s=0.8)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda _: complete(guarded), range(8)))
     wait_for(lambda: state(guarded, "breaker_l1") == "active", timeout=30)
-    shed = complete(guarded, PLAIN)
-    assert shed.status_code == 503 and int(shed.headers["retry-after"]) >= 1
-    assert shed.json()["error"]["code"] == "shed"
-    row = request_row(guarded, shed)
-    assert row["status"] == "rejected" and row["policy_actions"] == ["shed:breaker_l1"]
-    assert policies(guarded)["limiter"]["limit"] == 1  # batching stopped
-    fault(guarded, "none")
+    described = next(p for p in policies(guarded)["policies"] if p["policy"] == "breaker_l1")
+    assert "slower than the engine model" in described["reason"]
+    decisions = policies(guarded)["decisions"]
+    assert decisions["probing"] and decisions["slowdown"] > 3
+    assert policies(guarded)["limiter"]["limit"] == 1  # one probe at a time
+    refused = complete(guarded, PLAIN)
+    assert refused.status_code == 429, refused.text
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["error"]["code"] == "deadline"
+    row = request_row(guarded, refused)
+    assert row["status"] == "rejected" and row["policy_actions"] == ["refuse:deadline"]
     assert complete(guarded, VIP).status_code == 200  # VIP still served
+    fault(guarded, "none")
     wait_for(lambda: state(guarded, "breaker_l1") == "inactive", timeout=60)
     assert complete(guarded, PLAIN).status_code == 200
+
+
+def test_breaker_l1_trips_on_a_stalled_engine(guarded):
+    """No engine step for breaker_stall_s (2 s here) while requests wait: sick."""
+    settled(guarded)
+    fault(guarded, "stall", timeout_s=60)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            stalled = [pool.submit(complete, guarded, VIP) for _ in range(2)]
+            wait_for(lambda: state(guarded, "breaker_l1") == "active", timeout=30)
+            described = next(p for p in policies(guarded)["policies"]
+                             if p["policy"] == "breaker_l1")
+            assert described["reason"].startswith("no engine step for")
+            fault(guarded, "none")
+            assert [f.result().status_code for f in stalled] == [200, 200]
+    finally:
+        fault(guarded, "none")
+    wait_for(lambda: state(guarded, "breaker_l1") == "inactive", timeout=60)
+
+
+def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(guarded):
+    """Load alone: a queue of long prompts makes short realtime requests infeasible,
+    so they are refused at once (429, the drain time as Retry-After, the estimate in
+    the row) rather than served late; VIP is served; the breaker stays down."""
+    settled(guarded)
+    events_before = len(transitions(guarded, "breaker_l1"))
+    with ThreadPoolExecutor(8) as pool:
+        # VIP: never refused for load, so the flood is admitted into the engine
+        flood = [pool.submit(complete, guarded, VIP, 1800, 8) for _ in range(6)]
+        time.sleep(1.0)  # the long prompts are in the engine's queue
+        began = time.monotonic()
+        late = complete(guarded, PLAIN)
+        assert time.monotonic() - began < 1.0  # refused at once, not after a wait
+        vip = pool.submit(complete, guarded, VIP)
+        assert late.status_code == 429, late.text
+        assert 1 <= int(late.headers["retry-after"]) <= 120
+        row = request_row(guarded, late)
+        assert row["policy_actions"] == ["refuse:deadline"] and row["status"] == "rejected"
+        assert row["estimated_ttft_s"] > 0.8 * row["slo_ttft_target_s"]
+        assert row["prompt_tokens"] == 21  # 20 words and the BOS token
+        assert vip.result().status_code == 200
+        assert [f.result().status_code for f in flood] == [200] * 6
+    assert state(guarded, "breaker_l1") == "inactive"
+    assert transitions(guarded, "breaker_l1")[events_before:] == []
+    # drained: a feasible realtime request is admitted with its estimate on the row
+    wait_for(lambda: policies(guarded)["limiter"]["in_flight"] == 0, timeout=60)
+    served = complete(guarded, PLAIN)
+    assert served.status_code == 200
+    row = request_row(guarded, served)
+    assert row["policy_actions"] == [] and row["estimated_ttft_s"] > 0
 
 
 def test_an_override_beats_the_automatic_state_and_expires(guarded):
@@ -205,7 +273,7 @@ def test_force_off_holds_a_policy_down_while_its_condition_holds(guarded):
     fault(guarded, "stall", timeout_s=60)
     try:
         with ThreadPoolExecutor(8) as pool:
-            stalled = [pool.submit(complete, guarded) for _ in range(7)]
+            stalled = [pool.submit(complete, guarded, VIP) for _ in range(7)]
             wait_for(lambda: next(p for p in policies(guarded)["policies"]
                                   if p["policy"] == "token_cap")["state"] == "active")
             assert state(guarded, "token_cap") == "inactive"  # effective: forced off
@@ -239,7 +307,7 @@ def test_the_policy_api_needs_the_token(guarded, method, path):
                          json={"mode": "force_on", "reason": "x"}).status_code == 401
 
 
-def test_load_trips_vip_only_truncation_and_predicted_miss_then_they_recover(guarded):
+def test_load_trips_vip_only_and_truncation_then_they_recover(guarded):
     stop = threading.Event()
 
     def hammer():
@@ -262,7 +330,7 @@ def test_load_trips_vip_only_truncation_and_predicted_miss_then_they_recover(gua
         stop.set()
         for t in threads:
             t.join()
-    for name in ("vip_only", "truncation", "predicted_miss"):
+    for name in ("vip_only", "truncation"):
         wait_for(lambda: state(guarded, name) == "inactive", timeout=60)
 
 

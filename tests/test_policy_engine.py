@@ -250,26 +250,47 @@ def _signals(**kw) -> P.Signals:
     return P.Signals(**base)
 
 
-@pytest.mark.parametrize("p99_s,requests,active,breached,threshold", [
-    (1.6, 10, False, True, 1.5), (1.5, 10, False, False, 1.5), (1.2, 100, False, False, 1.5),
-    (1.2, 100, True, True, 1.0), (1.01, 100, True, True, 1.0), (1.0, 100, True, False, 1.0),
-    (0.4, 100, True, False, 1.0),
-    # too few requests is no signal, whichever the state
-    (9.0, 9, False, False, 1.5), (9.0, 9, True, False, 1.0), (9.0, 0, False, False, 1.5),
-    (None, 100, False, False, 1.5), (None, 100, True, False, 1.0)])
-def test_breaker_l1_trips_at_1_5_s_and_holds_down_to_1_0_s(p99_s, requests, active, breached,
-                                                           threshold):
-    hit, reason, details = P.breaker_l1(_signals(p99_s=p99_s, requests=requests), CONFIG, active)
-    assert hit is breached
-    assert details == {"p99_s": p99_s, "requests": requests, "threshold_s": threshold}
-    shown = "n/a" if p99_s is None else f"{p99_s:.3f}"
-    assert reason == f"TTFT P99 {shown} s vs {threshold:g} s"
+@pytest.mark.parametrize("signals,active,breached,reason", [
+    # far off the engine model: trips above 3x, holds down to 1.5x
+    ({"off_model": 3.5}, False, True, "requests 3.5x slower than the engine model (vs 3x)"),
+    ({"off_model": 3.0}, False, False, "off-model 3.0x vs 3x, 5xx 0%"),
+    ({"off_model": 2.0}, True, True, "requests 2.0x slower than the engine model (vs 1.5x)"),
+    ({"off_model": 1.5}, True, False, "off-model 1.5x vs 1.5x, 5xx 0%"),
+    ({"off_model": None}, False, False, "off-model n/a vs 3x, 5xx 0%"),
+    # 5xx errors: above half trips, a fifth or less clears
+    ({"error_rate": 0.6}, False, True, "5xx share 60% vs 50%"),
+    ({"error_rate": 0.5}, False, False, "off-model n/a vs 3x, 5xx 50%"),
+    ({"error_rate": 0.3}, True, True, "5xx share 30% vs 20%"),
+    # too few requests say nothing of either
+    ({"off_model": 9.0, "error_rate": 1.0, "requests": 9}, False, False,
+     "off-model 9.0x vs 3x, 5xx 100%"),
+    # a stall needs no request to finish: the engine took no step for 5 s with work
+    ({"stalled_s": 5.0, "requests": 0}, False, True,
+     "no engine step for 5.0 s with requests waiting"),
+    ({"stalled_s": 4.9}, False, False, "off-model n/a vs 3x, 5xx 0%"),
+    # load alone (a deep queue, a hot engine, a high P99) is not sickness
+    ({"p99_s": 30.0, "load": 1.0, "queue_depth": 500, "off_model": 1.2}, False, False,
+     "off-model 1.2x vs 3x, 5xx 0%")])
+def test_breaker_l1_trips_on_sickness_not_load(signals, active, breached, reason):
+    hit, text, details = P.breaker_l1(_signals(**signals), CONFIG, active)
+    assert (hit, text) == (breached, reason)
+    s = _signals(**signals)
+    assert details == {"off_model": s.off_model, "error_rate": s.error_rate,
+                       "stalled_s": s.stalled_s, "requests": s.requests}
 
 
 def test_breaker_l1_minimum_requests_is_configurable():
     config = P.PolicyConfig(breaker_min_requests=3)
-    assert P.breaker_l1(_signals(p99_s=2.0, requests=3), config, False)[0] is True
-    assert P.breaker_l1(_signals(p99_s=2.0, requests=2), config, False)[0] is False
+    assert P.breaker_l1(_signals(off_model=4.0, requests=3), config, False)[0] is True
+    assert P.breaker_l1(_signals(off_model=4.0, requests=2), config, False)[0] is False
+
+
+@pytest.mark.parametrize("refusals,breached", [(0, False), (1, True), (40, True)])
+def test_the_deadline_policy_reads_active_while_it_refuses(refusals, breached):
+    hit, reason, details = P.deadline_refusing(_signals(deadline_refusals=refusals), CONFIG,
+                                               False)
+    assert (hit, reason, details) == (breached, f"{refusals} refused since the last look",
+                                      {"refused": refusals})
 
 
 @pytest.mark.parametrize("failed,active,breached,reason", [
@@ -321,8 +342,11 @@ def test_memory_pressure_on_measured_or_forecast(usage, forecast, active, breach
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    ({"breaker_p99_clear_s": 1.6}, "breaker_p99_clear_s must not exceed"),
-    ({"breaker_p99_s": 0.9}, "breaker_p99_clear_s must not exceed"),
+    ({"breaker_off_model_clear": 3.1}, "breaker_off_model_clear must not exceed"),
+    ({"breaker_off_model": 1.4}, "breaker_off_model_clear must not exceed"),
+    ({"breaker_error_rate_clear": 0.6}, "breaker_error_rate_clear must not exceed"),
+    ({"deadline_margin": 0}, "deadline_margin must be in"),
+    ({"deadline_margin": 1.2}, "deadline_margin must be in"),
     ({"load_clear": 0.81}, "load_clear must not exceed"),
     ({"memory_clear": 0.91}, "memory_clear must not exceed"),
     ({"queue_depth_clear": 6}, "queue_depth_clear must not exceed"),
@@ -340,17 +364,17 @@ def test_bad_policy_configs_are_refused(kwargs, message):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {}, {"load_clear": 0.8}, {"breaker_p99_clear_s": 1.5}, {"queue_depth_clear": 5},
+    {}, {"load_clear": 0.8}, {"breaker_off_model_clear": 3.0}, {"deadline_margin": 1.0}, {"queue_depth_clear": 5},
     {"batch_floor": 64, "batch_initial": 64}, {"batch_floor": 1}])
 def test_edge_policy_configs_are_accepted(kwargs):
     P.PolicyConfig(**kwargs)
 
 
 @pytest.mark.parametrize("name,condition,trip_after_s,min_hold_s", [
-    (P.BREAKER_L1, P.breaker_l1, 30, 10), (P.BREAKER_L2, P.breaker_l2, 0, 0),
+    (P.BREAKER_L1, P.breaker_l1, 10, 10), (P.BREAKER_L2, P.breaker_l2, 0, 0),
     (P.TOKEN_CAP, P.token_cap, 0, 10), (P.VIP_ONLY, P.overloaded, 120, 10),
     (P.MEMORY_PRESSURE, P.memory_pressure, 0, 10), (P.TRUNCATION, P.overloaded, 0, 10),
-    (P.PREDICTED_MISS, P.overloaded, 0, 10)])
+    (P.PREDICTED_MISS, P.deadline_refusing, 0, 10)])
 def test_policy_table_conditions_and_timings(name, condition, trip_after_s, min_hold_s):
     """Breaker L2 has no minimum hold: its condition covers the restart, so it lets go
     as soon as the restarted engine is warm."""
@@ -471,34 +495,40 @@ def test_initial_limit(limit, expected):
 
 # --- decisions ---------------------------------------------------------------------
 
+def _on(limit: int, **kw) -> Decisions:
+    """Decisions with the deadline check in force (it is unless forced off)."""
+    return Decisions(limit, **{"deadline_margin": 0.8, "deadline_truncate_tokens": 4096, **kw})
+
+
 @pytest.mark.parametrize("states,batch_limit,expected", [
-    ({}, 64, Decisions(64)),
-    ({name: INACTIVE for name in P.policy_table(CONFIG)}, 64, Decisions(64)),
-    ({P.BREAKER_L1: ACTIVE}, 64, Decisions(1, shed_non_vip=P.BREAKER_L1)),
-    ({P.BREAKER_L1: RECOVERING}, 64, Decisions(32, recovering=True)),
-    ({P.BREAKER_L1: RECOVERING}, 51, Decisions(25, recovering=True)),
-    ({P.BREAKER_L1: RECOVERING}, 1, Decisions(1, recovering=True)),
-    ({P.VIP_ONLY: ACTIVE}, 64, Decisions(64, shed_non_vip=P.VIP_ONLY)),
-    ({P.VIP_ONLY: RECOVERING}, 64, Decisions(64)),
-    ({P.BREAKER_L1: ACTIVE, P.VIP_ONLY: ACTIVE}, 64, Decisions(1, shed_non_vip=P.BREAKER_L1)),
+    ({}, 64, _on(64)),
+    ({name: INACTIVE for name in P.policy_table(CONFIG)}, 64, _on(64)),
+    ({P.BREAKER_L1: ACTIVE}, 64, _on(1, probing=True)),
+    ({P.BREAKER_L1: RECOVERING}, 64, _on(32, recovering=True)),
+    ({P.BREAKER_L1: RECOVERING}, 51, _on(25, recovering=True)),
+    ({P.BREAKER_L1: RECOVERING}, 1, _on(1, recovering=True)),
+    ({P.VIP_ONLY: ACTIVE}, 64, _on(64, shed_non_vip=P.VIP_ONLY)),
+    ({P.VIP_ONLY: RECOVERING}, 64, _on(64)),
+    ({P.BREAKER_L1: ACTIVE, P.VIP_ONLY: ACTIVE}, 64,
+     _on(1, probing=True, shed_non_vip=P.VIP_ONLY)),
     ({P.BREAKER_L1: RECOVERING, P.VIP_ONLY: ACTIVE}, 64,
-     Decisions(32, shed_non_vip=P.VIP_ONLY, recovering=True)),
-    ({P.MEMORY_PRESSURE: ACTIVE}, 64, Decisions(32, memory_pressure=True)),
-    ({P.MEMORY_PRESSURE: ACTIVE}, 51, Decisions(25, memory_pressure=True)),
-    ({P.MEMORY_PRESSURE: ACTIVE}, 1, Decisions(1, memory_pressure=True)),
-    ({P.MEMORY_PRESSURE: RECOVERING}, 64, Decisions(64)),
-    ({P.MEMORY_PRESSURE: ACTIVE, P.BREAKER_L1: RECOVERING}, 64, Decisions(16, memory_pressure=True, recovering=True)),
+     _on(32, shed_non_vip=P.VIP_ONLY, recovering=True)),
+    ({P.MEMORY_PRESSURE: ACTIVE}, 64, _on(32, memory_pressure=True)),
+    ({P.MEMORY_PRESSURE: ACTIVE}, 51, _on(25, memory_pressure=True)),
+    ({P.MEMORY_PRESSURE: ACTIVE}, 1, _on(1, memory_pressure=True)),
+    ({P.MEMORY_PRESSURE: RECOVERING}, 64, _on(64)),
+    ({P.MEMORY_PRESSURE: ACTIVE, P.BREAKER_L1: RECOVERING}, 64, _on(16, memory_pressure=True, recovering=True)),
     ({P.MEMORY_PRESSURE: ACTIVE, P.BREAKER_L1: ACTIVE}, 64,
-     Decisions(1, shed_non_vip=P.BREAKER_L1, memory_pressure=True)),
-    ({P.TOKEN_CAP: ACTIVE}, 64, Decisions(64, max_tokens_cap=256)),
-    ({P.TOKEN_CAP: RECOVERING}, 64, Decisions(64)),
-    ({P.TRUNCATION: ACTIVE}, 64, Decisions(64, truncate_tokens=4096)),
-    ({P.PREDICTED_MISS: ACTIVE}, 64, Decisions(64, predicted_miss_factor=2.0)),
-    ({P.BREAKER_L2: ACTIVE}, 64, Decisions(64, restarting=True)),
-    ({P.BREAKER_L2: RECOVERING}, 64, Decisions(64)),
+     _on(1, probing=True, memory_pressure=True)),
+    ({P.TOKEN_CAP: ACTIVE}, 64, _on(64, max_tokens_cap=256)),
+    ({P.TOKEN_CAP: RECOVERING}, 64, _on(64)),
+    ({P.TRUNCATION: ACTIVE}, 64, _on(64, truncate_tokens=4096)),
+    ({P.PREDICTED_MISS: ACTIVE}, 64, _on(64, refusing_late=True)),
+    ({P.BREAKER_L2: ACTIVE}, 64, _on(64, restarting=True)),
+    ({P.BREAKER_L2: RECOVERING}, 64, _on(64)),
     ({name: ACTIVE for name in P.policy_table(CONFIG)}, 64,
-     Decisions(1, shed_non_vip=P.BREAKER_L1, restarting=True, max_tokens_cap=256,
-               truncate_tokens=4096, predicted_miss_factor=2.0, memory_pressure=True)),
+     _on(1, probing=True, shed_non_vip=P.VIP_ONLY, restarting=True, max_tokens_cap=256,
+               truncate_tokens=4096, refusing_late=True, memory_pressure=True)),
 ])
 def test_decide(states, batch_limit, expected):
     assert decide(states, batch_limit, CONFIG) == expected
@@ -510,25 +540,25 @@ def test_decide(states, batch_limit, expected):
     ({P.BREAKER_L1: RECOVERING}, (P.BREAKER_L1,)),
     ({P.MEMORY_PRESSURE: ACTIVE}, (P.MEMORY_PRESSURE,)),
     ({P.VIP_ONLY: ACTIVE}, (P.VIP_ONLY,)),
-    ({P.BREAKER_L1: ACTIVE, P.VIP_ONLY: ACTIVE}, (P.BREAKER_L1,)),
+    ({P.BREAKER_L1: ACTIVE, P.VIP_ONLY: ACTIVE}, (P.BREAKER_L1, P.VIP_ONLY)),
     ({P.BREAKER_L2: ACTIVE}, (P.BREAKER_L2,)),
     ({P.TOKEN_CAP: ACTIVE, P.TRUNCATION: ACTIVE}, (P.TOKEN_CAP, P.TRUNCATION)),
     ({P.PREDICTED_MISS: ACTIVE}, (P.PREDICTED_MISS,)),
     ({name: ACTIVE for name in P.policy_table(CONFIG)},
-     (P.BREAKER_L2, P.BREAKER_L1, P.MEMORY_PRESSURE, P.TOKEN_CAP, P.TRUNCATION,
-      P.PREDICTED_MISS))])
+     (P.BREAKER_L2, P.BREAKER_L1, P.VIP_ONLY, P.MEMORY_PRESSURE, P.TOKEN_CAP,
+      P.TRUNCATION, P.PREDICTED_MISS))])
 def test_active_names_what_is_in_force(states, active):
     assert decide(states, 64, CONFIG).active == active
 
 
 @pytest.mark.parametrize("config,states,expected", [
-    (P.PolicyConfig(max_tokens_cap=128), {P.TOKEN_CAP: ACTIVE}, Decisions(64, max_tokens_cap=128)),
+    (P.PolicyConfig(max_tokens_cap=128), {P.TOKEN_CAP: ACTIVE}, _on(64, max_tokens_cap=128)),
     (P.PolicyConfig(truncate_tokens=1000), {P.TRUNCATION: ACTIVE},
-     Decisions(64, truncate_tokens=1000)),
+     _on(64, truncate_tokens=1000, deadline_truncate_tokens=1000)),
     (P.PolicyConfig(memory_concurrency_factor=0.25), {P.MEMORY_PRESSURE: ACTIVE},
-     Decisions(16, memory_pressure=True)),
-    (P.PolicyConfig(predicted_miss_factor=3.0), {P.PREDICTED_MISS: ACTIVE},
-     Decisions(64, predicted_miss_factor=3.0))])
+     _on(16, memory_pressure=True)),
+    (P.PolicyConfig(deadline_margin=0.6), {P.PREDICTED_MISS: ACTIVE},
+     _on(64, refusing_late=True, deadline_margin=0.6))])
 def test_decide_follows_the_config(config, states, expected):
     assert decide(states, 64, config) == expected
 

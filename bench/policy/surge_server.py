@@ -28,7 +28,9 @@ POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressur
             "truncation", "predicted_miss", "batch_control")
 
 
-def start(tmp: Path, port: int, latency_model: str | None) -> subprocess.Popen:
+def start(tmp: Path, port: int, latency_model: str | None,
+          engine_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """`engine_args`: more vLLM engine arguments (e.g. `--dtype float32`)."""
     (tmp / "keys.yaml").write_text(KEYS_YAML)
     if latency_model:  # what the server would have learnt from earlier traffic
         (tmp / "models").mkdir()
@@ -36,7 +38,7 @@ def start(tmp: Path, port: int, latency_model: str | None) -> subprocess.Popen:
     serve = ["--db", str(tmp / "trace.duckdb"), "--keys", str(tmp / "keys.yaml"),
              "--enable-fault-injection", "--retrain-interval", "0",
              "--model-dir", str(tmp / "models"),
-             "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024)]
+             "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024), *engine_args]
     env = {**os.environ, "TAILGUARD_ADMIN_TOKEN": TOKEN}
     return start_tailguard(port, serve, tmp / "server.log", env)
 
@@ -53,19 +55,23 @@ def set_policies(url: str, mode: str) -> None:
         admin(url, "PUT", f"/admin/policies/{name}", {"mode": mode, "reason": "benchmark side"})
 
 
-async def drive(url: str, scenario: str, rate: float, duration: float, seed: int) -> dict:
-    """Run one workload split over the three keys; results per key."""
+async def drive(url: str, scenario: str, rate: float, duration: float, seed: int,
+                surge_factor: float = 3.0, retry_refused: bool = True) -> dict:
+    """Run one workload split over the three keys; results per key. A request refused
+    with 429 is sent once more after its Retry-After (`Result.retry`)."""
     runs = {}
     for i, (kind, (key, share)) in enumerate(KEYS.items()):
-        workload = Workload(scenario, rate * share, duration, 100_000, seed=seed * 10 + i)
-        runs[kind] = run(Target(url, "tailguard-tiny-llama", key, timeout_s=120, drain_s=60),
-                         workload)
+        workload = Workload(scenario, rate * share, duration, 100_000, seed=seed * 10 + i,
+                            surge_factor=surge_factor)
+        runs[kind] = run(Target(url, "tailguard-tiny-llama", key, timeout_s=120, drain_s=60,
+                                retry_refused=retry_refused), workload)
     results = await asyncio.gather(*runs.values())
     return dict(zip(runs, results))
 
 
 ROWS_SQL = """
-SELECT priority, status, ttft_s, slo_ttft_target_s, policy_actions
+SELECT priority, vip, status, ttft_s, slo_ttft_target_s, policy_actions, estimated_ttft_s,
+       predicted_ttft_s, predicted_ttft_p90_s
 FROM requests WHERE epoch(arrival_ts) BETWEEN {start} AND {end}
 """
 

@@ -57,6 +57,10 @@ def create_policy_router(runtime) -> APIRouter:
             "signals": dataclasses.asdict(signals) if signals else None,
             "limiter": {"limit": guard.limiter.limit, "in_flight": guard.limiter.in_flight,
                         "waiting": guard.limiter.waiting},
+            # what the deadline check estimates with: the live engine model and the
+            # online calibration of its estimate
+            "engine_model": runtime.engine_model.describe(),
+            "calibration": runtime.predictor.calibration.describe(),
             "config": dataclasses.asdict(guard.engine.config)}))
 
     @router.put("/policies/{name}")

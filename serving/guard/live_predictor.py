@@ -19,12 +19,16 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from observe import registry as R
 from observe.record import AdmissionLoad, LatencyPrediction, RequestRecord
 from serving.guard.periodic import Periodic
 from slo.predict.accuracy import GATE_EVENT, HOLDOUT_SHARE, accuracy, judge
+from slo.predict.calibration import QueueCalibration
 from slo.predict.drift import DriftWatch
 from slo.predict.features import TrainingSet, feature_vector, training_sql
 from slo.predict.model import MIN_ROWS, SeedModel, e2e_s, load_model, train
+
+QUEUE_VERSION = "engine-queue"  # TTFT from the live engine model's queue estimate
 
 log = logging.getLogger("tailguard.predict")
 TRAINING_ROWS_MAX = 200_000
@@ -45,6 +49,7 @@ class PredictionService:
         self._retrain_lock = threading.Lock()
         self._periodic: Periodic | None = None
         self.drift = DriftWatch()
+        self.calibration = QueueCalibration()
 
     def _initial_model(self):
         if self.model_path and self.model_path.exists():
@@ -57,13 +62,21 @@ class PredictionService:
         return SeedModel()
 
     def predict(self, prompt_tokens: int, max_tokens: int | None, load: AdmissionLoad,
-                batch: bool, tokenize_s: float = 0.0) -> LatencyPrediction:
+                batch: bool, tokenize_s: float = 0.0,
+                queue_ttft_s: float | None = None) -> LatencyPrediction:
+        """`queue_ttft_s`: the engine model's TTFT estimate (from arrival) made by the
+        deadline check. Until a trained model is live, TTFT comes from it, calibrated
+        online, rather than from the seed formula, which knows no queue."""
         model = self.model  # one model for the whole prediction, even mid-swap
         max_tokens = max_tokens or 16
         ttft, ttft90, tpot, tpot90 = model.predict(
             feature_vector(prompt_tokens, max_tokens, load, batch, tokenize_s)).tolist()
+        version = model.version
+        if queue_ttft_s is not None and isinstance(model, SeedModel):
+            ttft, ttft90 = self.calibration.quantiles(queue_ttft_s)
+            version = QUEUE_VERSION
         return LatencyPrediction(ttft, ttft90, tpot, tpot90, e2e_s(ttft, tpot, max_tokens),
-                                 model.version)
+                                 version)
 
     # --- retraining ----------------------------------------------------------------
 
@@ -74,7 +87,10 @@ class PredictionService:
     def on_request(self, rec: RequestRecord) -> None:
         """A finished request (observer listener): when the live model has drifted, a
         retrain on a thread of its own, through the same gate; never with retraining
-        off (interval 0), never two at once."""
+        off (interval 0), never two at once. Every served request also calibrates the
+        queue estimate."""
+        if rec.status == R.STATUS_OK:
+            self.calibration.observe(rec.ttft_s, rec.ttft_estimate_s)
         if self.drift.observe(rec, time.monotonic()) and self.retrain_interval_s > 0 \
                 and not self._retrain_lock.locked():
             log.warning("latency model %s drifted: TTFT p90 coverage under %.0f%%; "

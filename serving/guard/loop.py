@@ -56,6 +56,7 @@ class Guard:
         self._restarted_episode: float | None = None  # one restart per L2 activation
         self._restarting: asyncio.Task | None = None
         self._task: asyncio.Task | None = None
+        self._refused_seen = 0  # admission's deadline refusals at the last tick
 
     def _record_event(self, policy: str, from_state: str, to_state: str, reason: str,
                       details: dict) -> None:
@@ -104,10 +105,17 @@ class Guard:
     def tick(self, runtime: GuardedServer, now: float | None = None) -> Decisions:
         now = time.time() if now is None else now
         self._watch_engine(runtime)
+        admission = runtime.admission
+        model = admission.engine_model
+        model.refit()
+        refused, self._refused_seen = (admission.refused_deadline - self._refused_seen,
+                                       admission.refused_deadline)
+        pending = runtime.load.pending[0]
         signals = self.engine.signals(
-            now, engine_failed=runtime.engine_failed,
-            queue_depth=runtime.load.pending[0],
-            kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest)
+            now, engine_failed=runtime.engine_failed, queue_depth=pending,
+            kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest,
+            stalled_s=model.stalled_s(time.monotonic(), pending > 0),
+            deadline_refusals=refused)
         decisions = self.engine.evaluate(signals, saturated=self.limiter.waiting > 0)
         self.metrics.record_kv_exhaustion(signals.kv_exhaustion_s)
         self.limiter.limit = decisions.concurrency_limit

@@ -38,15 +38,27 @@ class Signals:
     kv_forecast: float | None
     requests: int  # finished in the window (a P99 of 3 samples is no signal)
     kv_exhaustion_s: float | None = None  # seconds to a full KV cache at its trend; None: flat
+    # Engine sickness (breaker L1): observed TTFT over the engine model's estimate made
+    # at admission, the median over the window (None: too few requests); and how long
+    # the engine has taken no step while requests wait for it.
+    off_model: float | None = None
+    stalled_s: float = 0.0
+    deadline_refusals: int = 0  # requests the deadline check refused since the last one
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """Thresholds (SPEC §3 defaults). Each `*_clear` is where an active policy lets go."""
 
-    breaker_p99_s: float = 1.5
-    breaker_p99_clear_s: float = 1.0
-    breaker_for_s: float = 30.0
+    # Breaker L1 trips on sickness, never on load (load is the deadline check's job):
+    # requests far slower than the engine model says they should be, 5xx errors, or
+    # no engine step while requests wait.
+    breaker_off_model: float = 3.0
+    breaker_off_model_clear: float = 1.5
+    breaker_error_rate: float = 0.5
+    breaker_error_rate_clear: float = 0.2
+    breaker_stall_s: float = 5.0
+    breaker_for_s: float = 10.0
     breaker_min_requests: int = 10
     queue_depth: int = 5
     queue_depth_clear: int = 2
@@ -65,7 +77,9 @@ class PolicyConfig:
     # steeply for seconds and stops; preemption is a risk only once the cache is half full.
     memory_exhaustion_floor: float = 0.5
     truncate_tokens: int = 4096
-    predicted_miss_factor: float = 2.0  # predicted TTFT over target x this is a far miss
+    # The deadline check admits a request when its estimated first token leaves this
+    # share of the time to its deadline unused (`slo.policy.feasibility`).
+    deadline_margin: float = 0.8
     batch_p99_s: float = 0.5
     batch_window_s: float = 5.0
     batch_windows: int = 3
@@ -82,13 +96,17 @@ class PolicyConfig:
         for f in fields(self):
             if getattr(self, f.name) < 0:
                 raise ValueError(f"policy setting {f.name} must be >= 0")
-        for trip, clear in (("breaker_p99_s", "breaker_p99_clear_s"), ("load", "load_clear"),
+        for trip, clear in (("breaker_off_model", "breaker_off_model_clear"),
+                            ("breaker_error_rate", "breaker_error_rate_clear"),
+                            ("load", "load_clear"),
                             ("memory", "memory_clear"), ("queue_depth", "queue_depth_clear")):
             if getattr(self, clear) > getattr(self, trip):
                 raise ValueError(f"{clear} must not exceed {trip} (hysteresis)")
         if self.memory_exhaustion_clear_s < self.memory_exhaustion_s:
             raise ValueError("memory_exhaustion_clear_s must not be below memory_exhaustion_s "
                              "(hysteresis: a policy clears once full is further away)")
+        if not 0 < self.deadline_margin <= 1:
+            raise ValueError("deadline_margin must be in (0, 1]")
         if not 1 <= self.batch_floor <= self.batch_cap:
             raise ValueError("batch_floor must be between 1 and batch_cap")
         if not self.batch_floor <= self.batch_initial <= self.batch_cap:
@@ -104,11 +122,21 @@ Condition = Callable[[Signals, PolicyConfig, bool], tuple[bool, str, dict]]
 
 
 def breaker_l1(s: Signals, c: PolicyConfig, active: bool):
-    limit = c.breaker_p99_clear_s if active else c.breaker_p99_s
+    """Sickness: any one sign trips it (and holds it until all have cleared)."""
+    off_limit = c.breaker_off_model_clear if active else c.breaker_off_model
+    err_limit = c.breaker_error_rate_clear if active else c.breaker_error_rate
     enough = s.requests >= c.breaker_min_requests
-    breached = enough and s.p99_s is not None and s.p99_s > limit
-    return breached, f"TTFT P99 {_fmt(s.p99_s)} s vs {limit:g} s", {
-        "p99_s": s.p99_s, "requests": s.requests, "threshold_s": limit}
+    details = {"off_model": s.off_model, "error_rate": s.error_rate,
+               "stalled_s": s.stalled_s, "requests": s.requests}
+    if s.stalled_s >= c.breaker_stall_s:
+        return True, f"no engine step for {s.stalled_s:.1f} s with requests waiting", details
+    if enough and s.error_rate > err_limit:
+        return True, f"5xx share {s.error_rate:.0%} vs {err_limit:.0%}", details
+    if enough and s.off_model is not None and s.off_model > off_limit:
+        return True, (f"requests {s.off_model:.1f}x slower than the engine model "
+                      f"(vs {off_limit:g}x)"), details
+    off = "n/a" if s.off_model is None else f"{s.off_model:.1f}x"
+    return False, f"off-model {off} vs {off_limit:g}x, 5xx {s.error_rate:.0%}", details
 
 
 def breaker_l2(s: Signals, c: PolicyConfig, active: bool):
@@ -121,6 +149,13 @@ def token_cap(s: Signals, c: PolicyConfig, active: bool):
     limit = c.queue_depth_clear if active else c.queue_depth
     return s.queue_depth > limit, f"queue depth {s.queue_depth} vs {limit}", {
         "queue_depth": s.queue_depth, "threshold": limit, "cap": c.max_tokens_cap}
+
+
+def deadline_refusing(s: Signals, c: PolicyConfig, active: bool):
+    """The deadline check is always applied (unless forced off); the policy reads
+    active while it is refusing requests, so the console shows when it acts."""
+    return s.deadline_refusals > 0, f"{s.deadline_refusals} refused since the last look", {
+        "refused": s.deadline_refusals}
 
 
 def overloaded(s: Signals, c: PolicyConfig, active: bool):
@@ -163,5 +198,5 @@ def policy_table(c: PolicyConfig) -> dict[str, tuple[Condition, Timing]]:
         VIP_ONLY: (overloaded, c.timing(c.vip_only_for_s)),
         MEMORY_PRESSURE: (memory_pressure, c.timing()),
         TRUNCATION: (overloaded, c.timing()),
-        PREDICTED_MISS: (overloaded, c.timing()),
+        PREDICTED_MISS: (deadline_refusing, c.timing()),
     }

@@ -19,8 +19,15 @@ class Decisions:
     restarting: bool = False  # breaker L2: the engine is being restarted
     max_tokens_cap: int | None = None
     truncate_tokens: int | None = None
-    predicted_miss_factor: float | None = None  # demote/shed far predicted misses
+    # The deadline check (`slo.policy.feasibility`) applies with this margin; None: off
+    deadline_margin: float | None = None
+    deadline_truncate_tokens: int | None = None  # it may truncate to this to fit
+    # While breaker L1 holds, requests run this many times slower than the engine model
+    # says: the deadline check scales its estimate by it.
+    slowdown: float = 1.0
+    refusing_late: bool = False  # the deadline check is refusing requests (its policy)
     memory_pressure: bool = False  # the concurrency limit is lowered for memory
+    probing: bool = False  # breaker L1: a sick engine gets one request at a time
     recovering: bool = False  # breaker L1 recovering: batching restored gradually
     retry_after_s: int = 5
 
@@ -30,43 +37,51 @@ class Decisions:
         out = []
         if self.restarting:
             out.append(P.BREAKER_L2)
+        if self.probing or self.recovering:
+            out.append(P.BREAKER_L1)
         if self.shed_non_vip:
             out.append(self.shed_non_vip)
-        elif self.recovering:
-            out.append(P.BREAKER_L1)
         if self.memory_pressure:
             out.append(P.MEMORY_PRESSURE)
         if self.max_tokens_cap is not None:
             out.append(P.TOKEN_CAP)
         if self.truncate_tokens is not None:
             out.append(P.TRUNCATION)
-        if self.predicted_miss_factor is not None:
+        if self.refusing_late:
             out.append(P.PREDICTED_MISS)
         return tuple(out)
 
 
 def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
-           retry_after_s: float = 5.0) -> Decisions:
-    """`states`: each policy's effective state (override applied)."""
+           retry_after_s: float = 5.0, forced_off: frozenset[str] = frozenset(),
+           slowdown: float = 1.0) -> Decisions:
+    """`states`: each policy's effective state (override applied); `forced_off`: the
+    policies an operator turned off (the deadline check applies unless it is);
+    `slowdown`: how far off the engine model requests run (applied under breaker L1)."""
     def on(name: str) -> bool:
         return states.get(name) == ACTIVE
 
     limit = batch_limit
     if on(P.MEMORY_PRESSURE):
         limit = max(1, int(limit * config.memory_concurrency_factor))
-    # Breaker L1 stops batching; while it recovers, batching comes back gradually
-    # (half the limit) and nobody is shed.
+    # Breaker L1 (a sick engine) lets one request at a time through, as a probe; while
+    # it recovers, batching comes back gradually (half the limit). It sheds nobody by
+    # itself: the deadline check, with its estimate scaled by the slowdown, refuses
+    # exactly the requests the sick engine cannot serve in time.
     if on(P.BREAKER_L1):
         limit = 1
     elif states.get(P.BREAKER_L1) == RECOVERING:
         limit = max(1, limit // 2)
-    shed = P.BREAKER_L1 if on(P.BREAKER_L1) else P.VIP_ONLY if on(P.VIP_ONLY) else None
+    shed = P.VIP_ONLY if on(P.VIP_ONLY) else None
     return Decisions(
         concurrency_limit=limit, shed_non_vip=shed, restarting=on(P.BREAKER_L2),
         max_tokens_cap=config.max_tokens_cap if on(P.TOKEN_CAP) else None,
         truncate_tokens=config.truncate_tokens if on(P.TRUNCATION) else None,
-        predicted_miss_factor=(config.predicted_miss_factor if on(P.PREDICTED_MISS)
-                               else None),
+        deadline_margin=None if P.PREDICTED_MISS in forced_off else config.deadline_margin,
+        deadline_truncate_tokens=(None if P.TRUNCATION in forced_off
+                                  else config.truncate_tokens),
         memory_pressure=on(P.MEMORY_PRESSURE),
-        recovering=states.get(P.BREAKER_L1) == RECOVERING,
+        probing=on(P.BREAKER_L1), recovering=states.get(P.BREAKER_L1) == RECOVERING,
+        slowdown=max(1.0, slowdown) if on(P.BREAKER_L1) else 1.0,
+        refusing_late=on(P.PREDICTED_MISS),
         retry_after_s=max(1, round(retry_after_s)))

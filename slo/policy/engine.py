@@ -19,7 +19,7 @@ from slo.policy.lifecycle import ACTIVE, FORCE_OFF, INACTIVE, PolicyMachine, Tra
 from slo.policy.live_windows import OutcomeWindow, SampleWindow, quantile, time_to_full
 
 log = logging.getLogger("tailguard.policy")
-BREAKER_WINDOW_S = 10.0  # the P99 the breaker watches; it must stay high for 30 s
+BREAKER_WINDOW_S = 10.0  # the window of the breaker's signs (off-model, errors)
 KV_TREND_S = 30.0  # the KV cache's time to full is read from this much of its history
 
 
@@ -42,6 +42,7 @@ class PolicyEngine:
         self.machines[P.BATCH_CONTROL] = PolicyMachine(P.BATCH_CONTROL, config.timing())
         self.batch = BatchController(config)
         self.ttft = SampleWindow(60.0)
+        self.off_model = SampleWindow(BREAKER_WINDOW_S)  # observed / estimated TTFT
         self.outcomes = OutcomeWindow(BREAKER_WINDOW_S * 3)
         self.busy = SampleWindow(10.0)  # engine busy share per second
         self.kv = SampleWindow(KV_TREND_S)  # KV-cache usage per second
@@ -51,8 +52,11 @@ class PolicyEngine:
     # --- inputs -------------------------------------------------------------------
 
     def on_request(self, rec: RequestRecord, now: float | None = None) -> None:
-        self.on_outcome(time.time() if now is None else now, rec.status == R.STATUS_ERROR,
-                        rec.ttft_s if rec.status == R.STATUS_OK else None)
+        now = time.time() if now is None else now
+        ok = rec.status == R.STATUS_OK
+        self.on_outcome(now, rec.status == R.STATUS_ERROR, rec.ttft_s if ok else None)
+        if ok and rec.ttft_s is not None and rec.ttft_estimate_s:
+            self.off_model.add(now, rec.ttft_s / rec.ttft_estimate_s)
 
     def on_outcome(self, now: float, error: bool, ttft_s: float | None) -> None:
         """A finished request: whether it failed (5xx) and its TTFT if it succeeded."""
@@ -70,15 +74,21 @@ class PolicyEngine:
     # --- evaluation ---------------------------------------------------------------
 
     def signals(self, now: float, engine_failed: bool, queue_depth: int, kv_usage: float,
-                kv_forecast: float | None) -> P.Signals:
+                kv_forecast: float | None, stalled_s: float = 0.0,
+                deadline_refusals: int = 0) -> P.Signals:
         window = self.ttft.values(now, BREAKER_WINDOW_S)
         busy = self.busy.values(now)
+        ratios = self.off_model.values(now)
+        off_model = (quantile(ratios, 0.5) if len(ratios) >= self.config.breaker_min_requests
+                     else None)
         return P.Signals(now=now, p99_s=quantile(window, 0.99),
                          error_rate=self.outcomes.error_rate(now),
                          engine_failed=engine_failed, queue_depth=queue_depth,
                          load=sum(busy) / len(busy) if busy else 0.0, kv_usage=kv_usage,
                          kv_forecast=kv_forecast, requests=len(window),
-                         kv_exhaustion_s=time_to_full(self.kv.points(now)))
+                         kv_exhaustion_s=time_to_full(self.kv.points(now)),
+                         off_model=off_model, stalled_s=stalled_s,
+                         deadline_refusals=deadline_refusals)
 
     def evaluate(self, signals: P.Signals, saturated: bool = False) -> Decisions:
         """`saturated`: requests are waiting for an engine slot (batch control)."""
@@ -99,7 +109,10 @@ class PolicyEngine:
         for name, state in states.items():
             self._set_gauge(name, 1 if state == ACTIVE else 0)
         self._set_gauge(P.BATCH_CONTROL, int(self.batch.limit < self.config.batch_cap))
-        self.decisions = decide(states, self.batch.limit, self.config, self.config.backoff_s)
+        forced_off = frozenset(name for name, m in self.machines.items()
+                               if m.override is not None and m.override.mode == FORCE_OFF)
+        self.decisions = decide(states, self.batch.limit, self.config, self.config.backoff_s,
+                                forced_off, signals.off_model or 1.0)
         return self.decisions
 
     def _control_batch(self, now: float, load: float, saturated: bool) -> None:

@@ -69,18 +69,22 @@ class EngineModel:
         return asdict(self)
 
 
-def fit_steps(duration: np.ndarray, seqs: np.ndarray, tokens: np.ndarray
-              ) -> tuple[np.ndarray, float]:
+def fit_steps(duration: np.ndarray, seqs: np.ndarray, tokens: np.ndarray,
+              relative: bool = False) -> tuple[np.ndarray, float]:
     """Non-negative coefficients (a negative cost would let a bigger step be cheaper)
-    and R^2 of the fit."""
+    and R^2 of the fit. `relative`: minimise relative rather than absolute error, so a
+    few long prefill steps do not set the cost of the many short ones (what a deadline
+    of 200 ms for a short prompt needs)."""
     X = np.column_stack([np.ones_like(duration), seqs, tokens, tokens.astype(float) ** 2])
-    coef, *_ = np.linalg.lstsq(X, duration, rcond=None)
+    scale = 1.0 / np.maximum(duration, 1e-6) if relative else np.ones_like(duration)
+    Xw, yw = X * scale[:, None], duration * scale
+    coef, *_ = np.linalg.lstsq(Xw, yw, rcond=None)
     for _ in range(X.shape[1]):  # drop negative terms and refit (a tiny active-set NNLS)
         keep = coef > 0
         keep[0] = True
         if keep.all():
             break
-        sub, *_ = np.linalg.lstsq(X[:, keep], duration, rcond=None)
+        sub, *_ = np.linalg.lstsq(Xw[:, keep], yw, rcond=None)
         coef = np.zeros(X.shape[1])
         coef[keep] = np.maximum(sub, 0)
     residual = duration - X @ coef

@@ -4,10 +4,11 @@ decisions, the two-lane concurrency limiter) in front of a continuous-batching e
 request per step, KV capacity), with the real `PolicyEngine` stepped once per simulated
 second on the signals the server would have seen.
 
-What it leaves out (docs/scaling.md): predicted-miss shedding uses the prediction
-the server recorded at admission (a work-ahead estimate when there is none), not a
-prediction under the simulated load, the deadline demotion of the realtime lane
-is not modelled, and KV is reserved for a whole prompt at its first chunk (vLLM
+Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
+same engine model, work ahead in the request's lane, the slot wait from the recent
+release rate). What it leaves out (docs/scaling.md): the deadline demotion of a
+realtime request still waiting for a slot is not modelled, VIP requests share the
+realtime lane, and KV is reserved for a whole prompt at its first chunk (vLLM
 allocates per chunk); when decodes outgrow it the newest request is preempted.
 """
 
@@ -18,12 +19,14 @@ from dataclasses import dataclass, field
 
 from observe import registry as R
 from slo.policy import conditions as P
+from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
+RELEASE_WINDOW_S = 10.0  # serving.limiter's: the release rate behind the slot wait
 
 
 @dataclass(slots=True)
@@ -55,7 +58,8 @@ class SimRequest:
     def shed(self) -> bool:
         """Refused by a policy or the limiter's timeout (not by the engine's size)."""
         return self.status == REJECTED and any(
-            a.startswith(("shed:", "reject:")) or a == "admission_timeout" for a in self.actions)
+            a.startswith(("shed:", "reject:", "refuse:")) or a == "admission_timeout"
+            for a in self.actions)
 
     @property
     def good(self) -> bool:
@@ -78,6 +82,8 @@ class Simulator:
         self.now = 0.0
         self.busy = 0.0  # engine seconds in the current simulated second
         self.transitions: list[tuple[float, str]] = []
+        self.releases: deque[float] = deque()  # when requests left the engine, recent
+        self.refused = 0  # by the deadline check since the last policy tick
 
     # --- admission ---------------------------------------------------------------------
 
@@ -93,24 +99,38 @@ class Simulator:
         if d.truncate_tokens is not None and req.prompt > d.truncate_tokens:
             req.actions.append(f"truncate:{req.prompt}->{d.truncate_tokens}")
             req.prompt = d.truncate_tokens
-        if d.predicted_miss_factor is not None and req.target_s is not None:
-            predicted = req.predicted_ttft_s
-            if predicted is None:
-                predicted = self._work_ahead_s(req)
-            if predicted > req.target_s * d.predicted_miss_factor:
-                if req.priority == R.PRIORITY_BATCH:
-                    self._reject(req, "shed:predicted_miss")
-                    return
-                req.priority = R.PRIORITY_BATCH
-                req.actions.append("demote:predicted_miss")
+        if d.deadline_margin is not None and req.target_s is not None:
+            check = F.judge(self.model, req.prompt, self._work_ahead(req),
+                            req.target_s - self.model.overhead_s, vip=req.vip,
+                            truncate_to=d.deadline_truncate_tokens,
+                            margin=d.deadline_margin, slowdown=d.slowdown)
+            if check.action == F.REFUSE:
+                self._reject(req, "refuse:deadline")
+                self.refused += 1
+                return
+            if check.action == F.TRUNCATE:
+                req.actions.append(f"truncate:{req.prompt}->{check.truncate_to}")
+                req.prompt = check.truncate_to
         self.lanes[req.priority].append(req)
 
-    def _work_ahead_s(self, req: SimRequest) -> float:
-        """Prefill work queued ahead of the request plus its own, at the step cost."""
-        ahead = sum(max(0, (r.context or r.prompt) - r.prefilled) for r in self.running) + sum(
-            r.prompt for lane in self.lanes.values() for r in lane) + req.prompt
-        chunks = -(-ahead // self.model.token_budget)
-        return chunks * self.model.step_s(len(self.running) + 1, self.model.token_budget)
+    def _work_ahead(self, req: SimRequest) -> F.WorkAhead:
+        """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
+        yet prefilled, those waiting in its lane or before it, the slot wait."""
+        in_engine = sum(max(0, (r.context or r.prompt) - r.prefilled) for r in self.running)
+        lanes = R.PRIORITIES[:R.PRIORITIES.index(req.priority) + 1]
+        waiting = [r for lane in lanes for r in self.lanes[lane]]
+        decoding = sum(1 for r in self.running if r.first_token is not None)
+        return F.WorkAhead(in_engine + sum(r.prompt for r in waiting), decoding,
+                           0.0, self._slot_wait_s(len(waiting)))
+
+    def _slot_wait_s(self, ahead: int) -> float:
+        if len(self.running) < self.decisions.concurrency_limit and not ahead:
+            return 0.0
+        while self.releases and self.releases[0] < self.now - RELEASE_WINDOW_S:
+            self.releases.popleft()
+        if not self.releases:
+            return float("inf")
+        return (ahead + 1) * RELEASE_WINDOW_S / len(self.releases)
 
     def _reject(self, req: SimRequest, action: str) -> None:
         req.status = REJECTED
@@ -198,6 +218,7 @@ class Simulator:
         for r in done:
             r.end = self.now
             self.running.remove(r)
+            self.releases.append(self.now)
             if self.policies is not None:
                 self.policies.on_outcome(self.now, False, r.ttft_s)
 
@@ -212,7 +233,9 @@ class Simulator:
         waiting = sum(len(q) for q in self.lanes.values())
         unstarted = sum(1 for r in self.running if r.first_token is None)
         kv = self._kv_used() / self.model.kv_capacity_tokens
-        signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None)
+        signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None,
+                                        deadline_refusals=self.refused)
+        self.refused = 0
         before = self.decisions.active
         self.decisions = self.policies.evaluate(signals, saturated=waiting > 0)
         if self.decisions.active != before:

@@ -1,0 +1,105 @@
+"""The engine model, calibrated live from the step probe: what admission's deadline
+check (`slo.policy.feasibility`) and the breaker's off-model signal read.
+
+The same `EngineModel` that `replay` and the simulator fit from a trace log, fitted
+here (by relative error: short steps matter as much as long ones to a short
+prompt's deadline) on the newest `WINDOW_STEPS` engine steps every `REFIT_S`
+(warm-up's steps count,
+so a fresh server is calibrated before its first request). Until `MIN_STEPS` steps
+have been seen it is the shipped prior: the embedded model on a 2-core CPU box,
+measured (`docs/policies.md`).
+The token budget is the engine's own `max_num_batched_tokens`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from observe.stats import StepRecord
+from slo.sim.engine_model import EngineModel, fit_steps
+
+WINDOW_STEPS = 2000  # about a minute of steps under load
+# The warm-up's steps (prompts from 64 tokens to the model's length, ~30 steps) are
+# enough for a first fit: a fresh server estimates with its own engine's speed.
+MIN_STEPS = 24
+REFIT_S = 5.0
+# The prior: `EngineModel` fitted (`slo.sim.engine_model.calibrate`, R^2 0.98) on the
+# 420 steps of a 60 s 5x surge of the embedded model on the 2-core CPU box (vLLM 0.32
+# CPU backend, 48 MiB KV cache), 2026-12-02; see docs/policies.md.
+PRIOR = EngineModel(step_base_s=0.0111, step_per_seq_s=0.00161, step_per_token_s=0.000826,
+                    step_per_token2_s=1.71e-7, token_budget=2048, kv_capacity_tokens=27_564,
+                    overhead_s=0.0096)
+
+
+class LiveEngineModel:
+    def __init__(self, prior: EngineModel = PRIOR, token_budget: int | None = None):
+        self._steps: deque[tuple[float, int, int]] = deque(maxlen=WINDOW_STEPS)
+        self._lock = threading.Lock()
+        self._seen = 0
+        self._fitted_at_seen = 0
+        self._refit_at = 0.0
+        self.prior = prior
+        self.model = _with_budget(prior, token_budget)
+        self.last_step_end = 0.0  # monotonic
+        self._pending_since: float | None = None  # work has waited since (monotonic)
+
+    def set_token_budget(self, token_budget: int) -> None:
+        """The engine's max_num_batched_tokens (known once it has started)."""
+        self.model = _with_budget(self.model, token_budget)
+        self.prior = _with_budget(self.prior, token_budget)
+
+    def on_step(self, step: StepRecord) -> None:
+        """Ledger consumer (its own thread)."""
+        with self._lock:
+            self._steps.append((step.duration_s, len(step.request_ids), step.scheduled_tokens))
+            self._seen += 1
+        self.last_step_end = step.start + step.duration_s
+
+    def refit(self, now: float | None = None) -> EngineModel:
+        """Refit when due and there are new steps; the model in force either way."""
+        now = time.monotonic() if now is None else now
+        if now < self._refit_at or self._seen == self._fitted_at_seen:
+            return self.model
+        with self._lock:
+            if len(self._steps) < MIN_STEPS:
+                return self.model
+            data = np.array(self._steps, dtype=float)
+            self._fitted_at_seen = self._seen
+        self._refit_at = now + REFIT_S
+        coef, r2 = fit_steps(data[:, 0], data[:, 1], data[:, 2], relative=True)
+        if coef[0] <= 0:  # a degenerate window (all steps alike): keep what we had
+            return self.model
+        self.model = EngineModel(*map(float, coef), token_budget=self.model.token_budget,
+                                 kv_capacity_tokens=self.prior.kv_capacity_tokens,
+                                 overhead_s=self.prior.overhead_s, steps_fitted=len(data),
+                                 fit_r2=r2)
+        return self.model
+
+    def describe(self) -> dict:
+        """The model in force (JSON-safe) and where it comes from."""
+        out = {k: (None if isinstance(v, float) and v != v else v)
+               for k, v in self.model.describe().items()}
+        return {**out, "source": "live" if self.model.steps_fitted else "prior",
+                "steps_seen": self._seen}
+
+    def stalled_s(self, now: float, pending: bool) -> float:
+        """Seconds the engine has taken no step while work waits for it: since its last
+        step or since the work began to wait (an engine idle for a minute is not
+        stalled when a request arrives), whichever is later; 0 with nothing waiting.
+        Called once a tick: the start of the wait is known to a tick."""
+        if not pending:
+            self._pending_since = None
+            return 0.0
+        if self._pending_since is None:
+            self._pending_since = now
+        return max(0.0, now - max(self.last_step_end, self._pending_since))
+
+
+def _with_budget(model: EngineModel, token_budget: int | None) -> EngineModel:
+    if not token_budget or token_budget == model.token_budget:
+        return model
+    return EngineModel(**{**model.describe(), "token_budget": int(token_budget)})

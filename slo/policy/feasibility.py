@@ -1,0 +1,116 @@
+"""Deadline feasibility: can a request's first token still come before its deadline,
+given the work ahead of it in its lane? Admission asks this of every request (and
+again while it waits for an engine slot); the simulator asks the same function.
+
+The estimate is the engine model's (`slo.sim.engine_model`, calibrated live from the
+step probe): the prompt tokens ahead of the request in its lane plus its own are
+prefilled in steps of `token_budget - running` tokens (vLLM's chunked prefill shares
+each step's budget with one decode token per running sequence), each step costing
+`step_s(running + 1, tokens)`, after the remainder of the step in progress and the
+expected wait for a concurrency slot; plus the per-request overhead outside steps.
+
+The rule, in order:
+1. feasible (estimate within `margin` x the time left) -> admit;
+2. a policy allows truncation and the truncated prompt is feasible -> truncate;
+3. VIP -> admit anyway (first in its lane: nothing but VIP work is ahead of it, and
+   a VIP request is never refused for load);
+4. otherwise refuse at once (429), with Retry-After the predicted drain time of the
+   work ahead: by then the lane holds none of what made it late.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+from slo.sim.engine_model import EngineModel
+
+ADMIT: Final = "admit"
+TRUNCATE: Final = "truncate"
+REFUSE: Final = "refuse"
+# Admit only when the estimate leaves this share of the time left unused: the estimate
+# is a median, and an admitted realtime request is one we expect to serve on time.
+DEFAULT_MARGIN: Final = 0.8
+MAX_RETRY_AFTER_S: Final = 120
+
+
+@dataclass(frozen=True, slots=True)
+class WorkAhead:
+    """The engine's state as it bears on one request's first token."""
+
+    prefill_tokens: int  # prompt tokens ahead of it in its lane, not yet prefilled
+    running: int  # sequences in the engine (each takes a decode token per step)
+    step_remaining_s: float = 0.0  # of the engine step in progress
+    slot_wait_s: float = 0.0  # expected wait for a concurrency slot (0: one is free)
+
+
+@dataclass(frozen=True, slots=True)
+class Feasibility:
+    action: str  # ADMIT / TRUNCATE / REFUSE
+    ttft_s: float  # the estimated time to first token from now, as it will be sent
+    left_s: float  # time left to its deadline
+    truncate_to: int | None = None
+    retry_after_s: int | None = None  # REFUSE only
+
+
+def prefill_s(model: EngineModel, tokens: int, running: int) -> float:
+    """Engine time to prefill `tokens` prompt tokens beside `running` decodes."""
+    if tokens <= 0:
+        return 0.0
+    per_step = max(1, model.token_budget - running)
+    full, rest = divmod(tokens, per_step)
+    seqs = running + 1
+    total = full * model.step_s(seqs, model.token_budget)
+    if rest:
+        total += model.step_s(seqs, running + rest)
+    return total
+
+
+def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int) -> float:
+    """Expected remainder of the engine's step in progress when a request arrives:
+    half the step the engine is taking (its decodes and a prefill chunk), none when
+    it has nothing to do."""
+    if running <= 0 and prefill_tokens <= 0:
+        return 0.0
+    chunk = min(max(0, model.token_budget - running), prefill_tokens)
+    return 0.5 * model.step_s(running + (chunk > 0), running + chunk)
+
+
+def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
+    """Estimated seconds from now to the request's first token."""
+    return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
+            + prefill_s(model, ahead.prefill_tokens + prompt_tokens, ahead.running))
+
+
+def drain_s(model: EngineModel, ahead: WorkAhead) -> float:
+    """Seconds until the work ahead has been prefilled (no new arrivals)."""
+    return (ahead.step_remaining_s + ahead.slot_wait_s
+            + prefill_s(model, ahead.prefill_tokens, ahead.running))
+
+
+def retry_after_s(model: EngineModel, ahead: WorkAhead, slowdown: float = 1.0) -> int:
+    """Whole seconds (HTTP's unit), at least 1, at most MAX_RETRY_AFTER_S."""
+    drain = drain_s(model, ahead) * slowdown
+    return min(MAX_RETRY_AFTER_S, max(1, math.ceil(drain))) if math.isfinite(drain) \
+        else MAX_RETRY_AFTER_S
+
+
+def judge(model: EngineModel, prompt_tokens: int, ahead: WorkAhead, left_s: float, *,
+          vip: bool = False, truncate_to: int | None = None,
+          margin: float = DEFAULT_MARGIN, slowdown: float = 1.0) -> Feasibility:
+    """What admission does with a request `left_s` seconds before its deadline;
+    `slowdown`: how many times slower than the model the engine runs now (a sick
+    engine, breaker L1)."""
+    budget = left_s * margin
+    estimate = first_token_s(model, prompt_tokens, ahead) * slowdown
+    if estimate <= budget:
+        return Feasibility(ADMIT, estimate, left_s)
+    if truncate_to is not None and prompt_tokens > truncate_to:
+        shorter = first_token_s(model, truncate_to, ahead) * slowdown
+        if shorter <= budget:
+            return Feasibility(TRUNCATE, shorter, left_s, truncate_to=truncate_to)
+    if vip:
+        return Feasibility(ADMIT, estimate, left_s)
+    return Feasibility(REFUSE, estimate, left_s,
+                       retry_after_s=retry_after_s(model, ahead, slowdown))

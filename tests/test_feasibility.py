@@ -1,0 +1,102 @@
+"""The deadline check (`slo.policy.feasibility`) against hand-computed cases: deadline,
+work ahead and step remainder -> admit / truncate / refuse with the exact Retry-After.
+
+The engine model: a step costs 10 ms + 0.1 ms per scheduled token (nothing per
+sequence), 1000 tokens a step, 20 ms per request outside steps. So a lone 500-token
+prompt takes one 60 ms step (+20 ms) and a full step costs 110 ms.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slo.policy import feasibility as F
+from slo.sim.engine_model import EngineModel
+
+MODEL = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.0001,
+                    step_per_token2_s=0.0, token_budget=1000, kv_capacity_tokens=100_000,
+                    overhead_s=0.02)
+
+
+def ahead(tokens=0, running=0, step=0.0, slot=0.0) -> F.WorkAhead:
+    return F.WorkAhead(tokens, running, step, slot)
+
+
+@pytest.mark.parametrize("prompt,work,expected_s", [
+    (500, ahead(), 0.02 + 0.06),
+    (1000, ahead(), 0.02 + 0.11),
+    (1500, ahead(), 0.02 + 0.11 + 0.06),  # a full step, then 500 tokens
+    (500, ahead(tokens=2500), 0.02 + 3 * 0.11),  # 3000 tokens: three full steps
+    # 200 decodes take 200 tokens of every step: 800 prefill tokens a step
+    (500, ahead(running=200), 0.02 + (0.01 + 0.0001 * 700)),
+    (1000, ahead(running=200), 0.02 + 0.11 + (0.01 + 0.0001 * 400)),
+    (500, ahead(step=0.05), 0.02 + 0.05 + 0.06),  # the step in progress first
+    (500, ahead(slot=1.5), 0.02 + 1.5 + 0.06),  # then a concurrency slot
+    (0, ahead(), 0.02),
+])
+def test_first_token_estimate(prompt, work, expected_s):
+    assert F.first_token_s(MODEL, prompt, work) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize("prompt,work,left_s,kw,action,ttft_s,truncate_to,retry_after", [
+    # feasible within the margin (0.8 of the time left) -> admit
+    (500, ahead(), 0.2, {}, F.ADMIT, 0.08, None, None),
+    (500, ahead(), 0.1, {}, F.ADMIT, 0.08, None, None),  # 0.08 <= 0.8 x 0.1
+    # just past the margin -> refused; nothing ahead drains in 0 s -> Retry-After 1
+    (500, ahead(), 0.099, {}, F.REFUSE, 0.08, None, 1),
+    # a queue: 2500 tokens ahead drain in 0.11 + 0.11 + 0.06 = 0.28 s -> 1 s
+    (500, ahead(tokens=2500), 0.2, {}, F.REFUSE, 0.35, None, 1),
+    # a long queue: 25,000 tokens ahead = 25 full steps = 2.75 s -> 3 s
+    (500, ahead(tokens=25_000), 1.0, {}, F.REFUSE, 0.02 + 25 * 0.11 + 0.06, None, 3),
+    # waiting for a slot: 5 s of it -> Retry-After 5 (the slot wait is ahead of it)
+    (500, ahead(slot=5.0), 1.0, {}, F.REFUSE, 5.08, None, 5),
+    # nothing released lately and no slot: infinite wait -> the longest Retry-After
+    (500, ahead(slot=math.inf), 1.0, {}, F.REFUSE, math.inf, None, F.MAX_RETRY_AFTER_S),
+    # truncating to 1000 tokens makes it fit (0.13 <= 0.24) -> truncate
+    (3000, ahead(), 0.3, {"truncate_to": 1000}, F.TRUNCATE, 0.13, 1000, None),
+    # ... but not when even the truncated prompt is late -> refuse, with the full estimate
+    (3000, ahead(tokens=5000), 0.3, {"truncate_to": 1000}, F.REFUSE, 0.02 + 8 * 0.11,
+     None, 1),
+    # truncation never lengthens a prompt
+    (500, ahead(tokens=5000), 0.3, {"truncate_to": 1000}, F.REFUSE, 0.02 + 5.5 * 0.11 + 0.005,
+     None, 1),
+    # VIP: admitted however late (first in its lane; never refused for load)
+    (500, ahead(tokens=25_000), 0.2, {"vip": True}, F.ADMIT, 0.02 + 25 * 0.11 + 0.06,
+     None, None),
+    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.16 -> refused
+    (500, ahead(), 0.2, {"slowdown": 3.0}, F.REFUSE, 0.24, None, 1),
+    # ... and its Retry-After scales too: 2.75 s x 3 -> 9 s
+    (0, ahead(tokens=25_000), 0.2, {"slowdown": 3.0}, F.REFUSE, 3 * (0.02 + 25 * 0.11),
+     None, 9),
+    # a tighter margin refuses what the default admits
+    (500, ahead(), 0.12, {"margin": 0.5}, F.REFUSE, 0.08, None, 1),
+    # past its deadline already (negative time left) -> refused
+    (1, ahead(), -0.5, {}, F.REFUSE, 0.02 + 0.0101, None, 1),
+])
+def test_judge(prompt, work, left_s, kw, action, ttft_s, truncate_to, retry_after):
+    verdict = F.judge(MODEL, prompt, work, left_s, **kw)
+    assert verdict.action == action
+    assert verdict.ttft_s == pytest.approx(ttft_s)
+    assert verdict.left_s == left_s
+    assert verdict.truncate_to == truncate_to
+    assert verdict.retry_after_s == retry_after
+
+
+def test_retry_after_is_capped_and_whole():
+    huge = ahead(tokens=10_000_000)
+    assert F.retry_after_s(MODEL, huge) == F.MAX_RETRY_AFTER_S
+    assert F.retry_after_s(MODEL, ahead(tokens=1000)) == 1  # 0.11 s rounds up to 1
+    assert F.retry_after_s(MODEL, ahead(tokens=20_000)) == 3  # 2.2 s -> 3
+
+
+@pytest.mark.parametrize("running,tokens,expected_s", [
+    (0, 0, 0.0),  # idle: no step in progress
+    (10, 0, 0.5 * (0.01 + 0.0001 * 10)),  # decodes only
+    (0, 500, 0.5 * 0.06),  # a 500-token prefill chunk
+    (200, 5000, 0.5 * 0.11),  # decodes and a chunk fill the budget
+])
+def test_the_step_in_progress_is_half_the_step_the_engine_is_taking(running, tokens,
+                                                                    expected_s):
+    assert F.step_in_progress_s(MODEL, running, tokens) == pytest.approx(expected_s)
