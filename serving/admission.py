@@ -116,6 +116,8 @@ class Admission:
             if check is not None and check.action == F.TRUNCATE:
                 prompt, prompt_tokens = self._truncate(rec, prompt, prompt_tokens,
                                                        check.truncate_to)
+            if check is not None and check.action == F.BEST_EFFORT:
+                lane = self._best_effort(rec)
             elapsed = time.monotonic() - rec.arrival
             rec.prediction = self.predictor.predict(
                 prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH, elapsed,
@@ -166,6 +168,14 @@ class Admission:
                        f"request's first-token deadline (first token expected in "
                        f"{check.ttft_s:.2f} s); retry after {check.retry_after_s} s",
                        check.retry_after_s, status=429)
+
+    @staticmethod
+    def _best_effort(rec: RequestRecord) -> str:
+        """Late even on an idle engine: served in the batch lane, never refused."""
+        if rec.priority == R.PRIORITY_REALTIME:
+            rec.priority = R.PRIORITY_BATCH
+            rec.policy_actions.append("demote:unattainable")
+        return R.PRIORITY_BATCH
 
     def _truncate(self, rec: RequestRecord, prompt, prompt_tokens: int, keep: int):
         self.load.release(prompt_tokens)

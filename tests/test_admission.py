@@ -250,3 +250,18 @@ def test_without_overload_a_realtime_waiter_keeps_its_lane():
 
     rec = asyncio.run(scenario())
     assert rec.priority == R.PRIORITY_REALTIME and rec.policy_actions == []
+
+
+@pytest.mark.parametrize("priority,actions", [
+    (R.PRIORITY_REALTIME, ["demote:unattainable"]), (R.PRIORITY_BATCH, [])])
+def test_a_deadline_no_engine_could_meet_is_served_best_effort_in_the_batch_lane(
+        priority, actions):
+    """A 1 ms target: late even on an idle engine. Refusing it would only mean never
+    serving it, so it is served in the batch lane, and never refused."""
+    adm = _admission(Decisions(8, **DEADLINE), target_s=0.001)
+    rec = _record(priority)
+    rec.arrival = time.monotonic()
+    verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
+    assert not isinstance(verdict, Refusal)
+    assert rec.priority == R.PRIORITY_BATCH and rec.policy_actions == actions
+    assert adm.refused_deadline == 0

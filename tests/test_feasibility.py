@@ -1,5 +1,6 @@
 """The deadline check (`slo.policy.feasibility`) against hand-computed cases: deadline,
-work ahead and step remainder -> admit / truncate / refuse with the exact Retry-After.
+work ahead and step remainder -> admit / truncate / best effort / refuse with the exact
+Retry-After.
 
 The engine model: a step costs 10 ms + 0.1 ms per scheduled token (nothing per
 sequence), 1000 tokens a step, 20 ms per request outside steps. So a lone 500-token
@@ -44,8 +45,9 @@ def test_first_token_estimate(prompt, work, expected_s):
     # feasible within the margin (0.8 of the time left) -> admit
     (500, ahead(), 0.2, {}, F.ADMIT, 0.08, None, None),
     (500, ahead(), 0.1, {}, F.ADMIT, 0.08, None, None),  # 0.08 <= 0.8 x 0.1
-    # just past the margin -> refused; nothing ahead drains in 0 s -> Retry-After 1
-    (500, ahead(), 0.099, {}, F.REFUSE, 0.08, None, 1),
+    # just past the margin with nothing ahead: late even on an idle engine -> served
+    # best effort (batch lane); refusing it would only mean never serving it
+    (500, ahead(), 0.099, {}, F.BEST_EFFORT, 0.08, None, None),
     # a queue: 2500 tokens ahead drain in 0.11 + 0.11 + 0.06 = 0.28 s -> 1 s
     (500, ahead(tokens=2500), 0.2, {}, F.REFUSE, 0.35, None, 1),
     # a long queue: 25,000 tokens ahead = 25 full steps = 2.75 s -> 3 s
@@ -56,24 +58,30 @@ def test_first_token_estimate(prompt, work, expected_s):
     (500, ahead(slot=math.inf), 1.0, {}, F.REFUSE, math.inf, None, F.MAX_RETRY_AFTER_S),
     # truncating to 1000 tokens makes it fit (0.13 <= 0.24) -> truncate
     (3000, ahead(), 0.3, {"truncate_to": 1000}, F.TRUNCATE, 0.13, 1000, None),
-    # ... but not when even the truncated prompt is late -> refuse, with the full estimate
-    (3000, ahead(tokens=5000), 0.3, {"truncate_to": 1000}, F.REFUSE, 0.02 + 8 * 0.11,
-     None, 1),
+    # ... but not when even the truncated prompt is late in the queue; the full prompt
+    # is late on an idle engine too (0.35 s) -> best effort, not refused
+    (3000, ahead(tokens=5000), 0.3, {"truncate_to": 1000}, F.BEST_EFFORT, 0.02 + 8 * 0.11,
+     None, None),
     # truncation never lengthens a prompt
     (500, ahead(tokens=5000), 0.3, {"truncate_to": 1000}, F.REFUSE, 0.02 + 5.5 * 0.11 + 0.005,
      None, 1),
     # VIP: admitted however late (first in its lane; never refused for load)
     (500, ahead(tokens=25_000), 0.2, {"vip": True}, F.ADMIT, 0.02 + 25 * 0.11 + 0.06,
      None, None),
-    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.16 -> refused
-    (500, ahead(), 0.2, {"slowdown": 3.0}, F.REFUSE, 0.24, None, 1),
+    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.16 even idle -> best effort
+    (500, ahead(), 0.2, {"slowdown": 3.0}, F.BEST_EFFORT, 0.24, None, None),
     # ... and its Retry-After scales too: 2.75 s x 3 -> 9 s
     (0, ahead(tokens=25_000), 0.2, {"slowdown": 3.0}, F.REFUSE, 3 * (0.02 + 25 * 0.11),
      None, 9),
-    # a tighter margin refuses what the default admits
-    (500, ahead(), 0.12, {"margin": 0.5}, F.REFUSE, 0.08, None, 1),
-    # past its deadline already (negative time left) -> refused
-    (1, ahead(), -0.5, {}, F.REFUSE, 0.02 + 0.0101, None, 1),
+    # a tighter margin turns away what the default admits
+    (500, ahead(), 0.12, {"margin": 0.5}, F.BEST_EFFORT, 0.08, None, None),
+    (500, ahead(tokens=500), 0.2, {"margin": 0.5}, F.REFUSE, 0.13, None, 1),
+    # past its deadline already (negative time left): no wait helps -> best effort
+    (1, ahead(), -0.5, {}, F.BEST_EFFORT, 0.02 + 0.0101, None, None),
+    # late only because of the queue, fine alone -> refused, to come back when drained:
+    # 2000 tokens beside 10 decodes = two full steps of 990 + a step of 20 (and 10)
+    (500, ahead(tokens=1500, running=10), 0.2, {}, F.REFUSE,
+     0.02 + 2 * 0.11 + (0.01 + 0.0001 * 30), None, 1),
 ])
 def test_judge(prompt, work, left_s, kw, action, ttft_s, truncate_to, retry_after):
     verdict = F.judge(MODEL, prompt, work, left_s, **kw)

@@ -111,6 +111,9 @@ class Simulator:
             if check.action == F.TRUNCATE:
                 req.actions.append(f"truncate:{req.prompt}->{check.truncate_to}")
                 req.prompt = check.truncate_to
+            if check.action == F.BEST_EFFORT and req.priority == R.PRIORITY_REALTIME:
+                req.priority = R.PRIORITY_BATCH
+                req.actions.append("demote:unattainable")
         self.lanes[req.priority].append(req)
 
     def _work_ahead(self, req: SimRequest) -> F.WorkAhead:
