@@ -18,6 +18,7 @@ ADMIN_TOKEN = "test-admin-token"
 # The session server judges by the default SLOs plus `ttft_breach` (a 1 µs TTFT target
 # every request misses), so burn-rate alerts can be seen firing end to end.
 SESSION_SLO = Path(__file__).parent / "data" / "slo_breach.yaml"
+DEFAULT_POLICIES = Path(__file__).parent / "data" / "policies_default.yaml"
 STARTUP_TIMEOUT_S = 180
 
 
@@ -57,6 +58,8 @@ def start_server(tmp: Path, *extra: str) -> Server:
     db = tmp / "trace.duckdb"
     log = tmp / "server.log"
     env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=ADMIN_TOKEN)
+    if "--policies" not in extra:  # no deadline check unless a test asks for policies
+        extra = ("--policies", str(DEFAULT_POLICIES), *extra)
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db", str(db),
            "--flush-interval", "0.2", *extra]
     process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)

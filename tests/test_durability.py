@@ -33,7 +33,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ADMIN_TOKEN, Server, _wait_ready, free_port
+from tests.conftest import ADMIN_TOKEN, DEFAULT_POLICIES, Server, _wait_ready, free_port
 
 MODEL = "tailguard-tiny-llama"
 FLUSH_S = 1.0  # server A runs with the default flush interval
@@ -51,7 +51,8 @@ def _start(db: Path, log: Path, *extra: str) -> Server:
     port = free_port()
     env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=ADMIN_TOKEN)
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db", str(db),
-           "--retrain-interval", "0", "--reselect-interval", "0", *extra]
+           "--retrain-interval", "0", "--reselect-interval", "0",
+           "--policies", str(DEFAULT_POLICIES), *extra]
     # Through a pipe, copied here: a file-size limit on the server must not cut its log.
     process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True, bufsize=0)

@@ -50,10 +50,12 @@ RECOVER_S = 15.0  # failure noticed -> a new request served (breaker L2's restar
 # server's "engine up" line), mostly spawning its worker interpreter, ~10 s on a quiet
 # 2-CPU box and up to minutes on one shared with other heavy jobs. Past QUIET_START_S
 # the box is busy, and the test holds tailguard to its own share instead: detection,
-# the old engine's shutdown, the warm-up and the breaker, under OWN_S.
+# the old engine's shutdown and the breaker, under OWN_S. The warm-up is the engine's
+# own compute, timed by the server's log line too: it scales with the CPU (about 2 s
+# on an AVX-512 box, 9-17 s in bfloat16 on an AVX2-only one), so it counts as vLLM's.
 QUIET_START_S = 10.0
 OWN_S = 4.0
-UP = re.compile(r"engine up in [\d.]+ s: start ([\d.]+) s")
+UP = re.compile(r"engine up in [\d.]+ s: start ([\d.]+) s, warm-up ([\d.]+) s")
 POLL_S = 0.2  # between requests while waiting for the restarted engine
 CLIENT_S = 60  # no client waits longer than this for anything
 MAX_TOKENS = 3900  # ~15 s of decoding: still running when the fault hits
@@ -300,11 +302,12 @@ def check_recovered(srv, noticed_at: float, old: list, restarts_before: int) -> 
             pass
         assert time.monotonic() - noticed_at < CLIENT_S, "the engine did not come back"
         time.sleep(POLL_S)
-    start_s = float(UP.findall(srv.log.read_text())[-1])  # vLLM's part of the restart
-    assert back_s - start_s < OWN_S, f"{back_s - start_s:.1f} s of {back_s:.1f} s outside " \
-                                     "vLLM's engine start"
+    start_s, warmup_s = map(float, UP.findall(srv.log.read_text())[-1])  # the engine's part
+    own_s = back_s - start_s - warmup_s
+    assert own_s < OWN_S, f"{own_s:.1f} s of {back_s:.1f} s outside vLLM's engine start " \
+                          f"and warm-up"
     if start_s <= QUIET_START_S:
-        assert back_s < RECOVER_S, f"served again {back_s:.1f} s after the failure"
+        assert back_s - warmup_s < RECOVER_S, f"served again {back_s:.1f} s after the failure"
     assert not [p for p in old if _alive(p)], "an old engine process survived the restart"
     new = engine_core(srv)
     assert new.pid not in {p.pid for p in old}
@@ -333,7 +336,7 @@ def test_engine_crash_mid_stream_fails_cleanly_and_restarts(srv):
     check_failed_cleanly(srv, stream, resp, "engine_dead")
     back_s = check_recovered(srv, faulted, old, before)  # a crash is noticed at once
     print(f"crash: clients answered in {ended_s:.2f} s, served again in {back_s:.1f} s "
-          f"(vLLM's engine start: {float(UP.findall(srv.log.read_text())[-1]):.1f} s)")
+          f"(vLLM's engine start: {float(UP.findall(srv.log.read_text())[-1][0]):.1f} s)")
 
 
 def test_engine_hang_mid_stream_is_caught_by_the_watchdog(srv):

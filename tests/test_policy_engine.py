@@ -347,6 +347,7 @@ def test_memory_pressure_on_measured_or_forecast(usage, forecast, active, breach
     ({"breaker_error_rate_clear": 0.6}, "breaker_error_rate_clear must not exceed"),
     ({"deadline_margin": 0}, "deadline_margin must be in"),
     ({"deadline_margin": 1.2}, "deadline_margin must be in"),
+    ({"deadline_check": "no"}, "deadline_check must be true or false"),
     ({"load_clear": 0.81}, "load_clear must not exceed"),
     ({"memory_clear": 0.91}, "memory_clear must not exceed"),
     ({"queue_depth_clear": 6}, "queue_depth_clear must not exceed"),
@@ -558,7 +559,8 @@ def test_active_names_what_is_in_force(states, active):
     (P.PolicyConfig(memory_concurrency_factor=0.25), {P.MEMORY_PRESSURE: ACTIVE},
      _on(16, memory_pressure=True)),
     (P.PolicyConfig(deadline_margin=0.6), {P.PREDICTED_MISS: ACTIVE},
-     _on(64, refusing_late=True, deadline_margin=0.6))])
+     _on(64, refusing_late=True, deadline_margin=0.6)),
+    (P.PolicyConfig(deadline_check=False), {}, _on(64, deadline_margin=None))])
 def test_decide_follows_the_config(config, states, expected):
     assert decide(states, 64, config) == expected
 

@@ -80,6 +80,9 @@ class PolicyConfig:
     # The deadline check admits a request when its estimated first token leaves this
     # share of the time to its deadline unused (`slo.policy.feasibility`).
     deadline_margin: float = 0.8
+    # false: the deadline check is off from the start (as forcing predicted_miss off
+    # does at run time), for a server that must answer every request however late
+    deadline_check: bool = True
     batch_p99_s: float = 0.5
     batch_window_s: float = 5.0
     batch_windows: int = 3
@@ -93,6 +96,8 @@ class PolicyConfig:
     backoff_s: float = 5.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.deadline_check, bool):
+            raise ValueError("deadline_check must be true or false")
         for f in fields(self):
             if getattr(self, f.name) < 0:
                 raise ValueError(f"policy setting {f.name} must be >= 0")

@@ -77,7 +77,8 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
         concurrency_limit=limit, shed_non_vip=shed, restarting=on(P.BREAKER_L2),
         max_tokens_cap=config.max_tokens_cap if on(P.TOKEN_CAP) else None,
         truncate_tokens=config.truncate_tokens if on(P.TRUNCATION) else None,
-        deadline_margin=None if P.PREDICTED_MISS in forced_off else config.deadline_margin,
+        deadline_margin=(config.deadline_margin if config.deadline_check
+                         and P.PREDICTED_MISS not in forced_off else None),
         deadline_truncate_tokens=(None if P.TRUNCATION in forced_off
                                   else config.truncate_tokens),
         memory_pressure=on(P.MEMORY_PRESSURE),
