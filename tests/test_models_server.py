@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from observe.tracelog import TraceLog
+from serving.guard.live_predictor import QUEUE_VERSION
 from slo.predict.accuracy import GATE_EVENT
 from slo.predict.model import SEED_VERSION, seed_ttft_s
 from tests.conftest import ADMIN_TOKEN, start_server, stop_server
@@ -44,13 +45,17 @@ def _retrain(server, name: str) -> dict:
     return resp.json()
 
 
-def test_a_row_carries_its_admission_load_and_the_seed_prediction(server, model_name):
+def test_a_row_carries_its_admission_load_and_the_queue_prediction(server, model_name):
+    """No trained model yet: TTFT is the deadline check's queue estimate, calibrated
+    online (never below the estimate's own median ratio times it), not the seed's."""
     assert _models(server)["latency"]["version"] == SEED_VERSION
     row = row_for(server, _complete(server, model_name, 300, max_tokens=5))
     for column in LOAD_COLUMNS:
         assert row[column] is not None and row[column] >= 0, column
-    assert row["predictor_version"] == SEED_VERSION
-    assert row["predicted_ttft_s"] == pytest.approx(seed_ttft_s(row["prompt_tokens"]))
+    assert row["predictor_version"] == QUEUE_VERSION
+    assert 0 < row["predicted_ttft_s"] <= row["predicted_ttft_p90_s"]
+    assert row["estimated_ttft_s"] > 0
+    assert row["predicted_ttft_s"] != pytest.approx(seed_ttft_s(row["prompt_tokens"]))
     assert row["predicted_e2e_s"] == pytest.approx(
         row["predicted_ttft_s"] + 4 * row["predicted_tpot_s"])
 
