@@ -68,8 +68,9 @@ def test_first_token_estimate(prompt, work, expected_s):
     # VIP: admitted however late (first in its lane; never refused for load)
     (500, ahead(tokens=25_000), 0.2, {"vip": True}, F.ADMIT, 0.02 + 25 * 0.11 + 0.06,
      None, None),
-    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.16 even idle -> best effort
-    (500, ahead(), 0.2, {"slowdown": 3.0}, F.BEST_EFFORT, 0.24, None, None),
+    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.16 even idle; a healthy idle
+    # engine would make it (0.08), so it is refused until the sickness passes
+    (500, ahead(), 0.2, {"slowdown": 3.0}, F.REFUSE, 0.24, None, 1),
     # ... and its Retry-After scales too: 2.75 s x 3 -> 9 s
     (0, ahead(tokens=25_000), 0.2, {"slowdown": 3.0}, F.REFUSE, 3 * (0.02 + 25 * 0.11),
      None, 9),

@@ -37,7 +37,10 @@ def _start(tmp: Path):
     return start_server(tmp, "--keys", str(DATA / "keys.yaml"), "--policies",
                         str(DATA / "policies_fast.yaml"), "--enable-fault-injection",
                         "--retrain-interval", "0", "--reselect-interval", "0",
-                        "--", "--kv-cache-memory-bytes", str(16 * 1024 * 1024))
+                        # float32 on every CPU: the KV cache holds the same tokens
+                        # (about 4,000) wherever the suite runs
+                        "--", "--dtype", "float32",
+                        "--kv-cache-memory-bytes", str(32 * 1024 * 1024))
 
 
 def complete(srv, key: str = PLAIN, words: int = 20, max_tokens: int = 4,
@@ -190,7 +193,9 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
     with ThreadPoolExecutor(8) as pool:
         # VIP: never refused for load, so the flood is admitted into the engine
         flood = [pool.submit(complete, guarded, VIP, 1800, 8) for _ in range(6)]
-        time.sleep(1.0)  # the long prompts are in the engine's queue
+        # all six in the engine (their prefill takes 0.6 s in float32 on a 2-core box)
+        wait_for(lambda: policies(guarded)["limiter"]["in_flight"] >= 6, timeout=30,
+                 every=0.02)
         began = time.monotonic()
         late = complete(guarded, PLAIN)
         assert time.monotonic() - began < 1.0  # refused at once, not after a wait

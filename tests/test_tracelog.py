@@ -46,7 +46,7 @@ FULL_REQUEST = {
     "pending_requests": 7, "pending_prefill_tokens": 2**33, "predicted_ttft_s": 0.25,
     "predicted_ttft_p90_s": 0.5, "predicted_tpot_s": 0.015625, "predicted_tpot_p90_s": 0.03125,
     "predicted_e2e_s": 2.25, "predictor_version": "hgb-0123abcd", "vip": True,
-    "client": "alice",
+    "client": "alice", "estimated_ttft_s": 0.125,
 }
 
 

@@ -14,9 +14,11 @@ The rule, in order:
 2. a policy allows truncation and the truncated prompt is feasible -> truncate;
 3. VIP -> admit anyway (first in its lane: nothing but VIP work is ahead of it, and
    a VIP request is never refused for load);
-4. late even on an idle engine (its target is below what this engine can do for
-   its length) -> best effort: served in the batch lane, since no wait would make it
-   on time and refusing it would only mean never serving it;
+4. late even on an idle, healthy engine (its target is below what this engine can
+   do for its length) -> best effort: served in the batch lane, since no wait would
+   make it on time and refusing it would only mean never serving it; late only
+   because the engine is sick (the slowdown) is not this case: sickness passes, so
+   such a request is refused with a Retry-After like one late for the queue;
 5. otherwise refuse at once (429), with Retry-After the predicted drain time of the
    work ahead: by then the lane holds none of what made it late, and it can be on
    time.
@@ -117,7 +119,7 @@ def judge(model: EngineModel, prompt_tokens: int, ahead: WorkAhead, left_s: floa
             return Feasibility(TRUNCATE, shorter, left_s, truncate_to=truncate_to)
     if vip:
         return Feasibility(ADMIT, estimate, left_s)
-    if first_token_s(model, prompt_tokens, WorkAhead(0, 0)) * slowdown > budget:
+    if first_token_s(model, prompt_tokens, WorkAhead(0, 0)) > budget:
         return Feasibility(BEST_EFFORT, estimate, left_s)
     return Feasibility(REFUSE, estimate, left_s,
                        retry_after_s=retry_after_s(model, ahead, slowdown))
