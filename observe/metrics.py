@@ -1,4 +1,6 @@
-"""OpenTelemetry instruments for every metric in the registry, exported to Prometheus.
+"""Instruments for every metric in the registry, exported to Prometheus: kept natively
+(`observe.native_metrics`) when Prometheus is the only reader, OpenTelemetry's when an
+OTLP exporter reads them too; `/metrics` reads the same either way.
 
 `create_instruments(meter)` builds them from `observe.registry`; `RequestMetrics`
 turns a finished `RequestRecord` or an `EngineSnapshot` into bare `.record()`,
@@ -10,11 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from observe import registry as R
+from observe.native_metrics import NativeCollector, NativeMeter
 from observe.record import RequestRecord
 from observe.stats import EngineSnapshot
 
 
 def create_instrument(meter, metric: R.MetricDef):
+    if isinstance(meter, NativeMeter):
+        return meter.instrument(metric)
     kwargs = {"unit": metric.unit, "description": metric.description}
     if metric.kind == "histogram":
         return meter.create_histogram(
@@ -31,27 +36,41 @@ def create_instruments(meter) -> dict[str, object]:
 
 @dataclass(slots=True)
 class MetricsExport:
-    """A meter provider whose reader feeds a prometheus_client registry."""
+    """A meter provider whose reader feeds a prometheus_client registry (for the native
+    kind, one object is both)."""
 
     provider: object
     reader: object
     registry: object
 
     def shutdown(self) -> None:
-        """Stops the provider; its reader unregisters itself from the registry."""
+        """Stops the provider; its reader leaves the registry."""
         self.provider.shutdown()
+        if isinstance(self.reader, NativeCollector):  # the SDK's reader leaves by itself
+            self.registry.unregister(self.reader)
 
 
-def create_prometheus_export(registry=None, extra_readers=(), resource=None) -> MetricsExport:
-    """Meter provider + Prometheus reader registered into `registry`
-    (prometheus_client's default one unless given, so vLLM's own `vllm:*` series
-    are served beside ours on /metrics), plus any other readers (OTLP export) over the
-    same instruments; `resource` names the service for those."""
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    from opentelemetry.sdk.metrics import MeterProvider
+def create_prometheus_export(registry=None, extra_readers=(), resource=None,
+                             native: bool | None = None) -> MetricsExport:
+    """Instruments served on `registry` (prometheus_client's default one unless given,
+    so vLLM's own `vllm:*` series are served beside ours on /metrics).
+
+    Kept natively (`observe.native_metrics`, a tenth of the SDK's cost per
+    measurement) when Prometheus is the only reader; through an OpenTelemetry meter
+    provider when other readers (OTLP export) need the same instruments, `resource`
+    naming the service for those. `native` forces one or the other."""
     from prometheus_client import REGISTRY
 
     registry = registry or REGISTRY
+    if native is None:
+        native = not extra_readers
+    if native:
+        collector = NativeCollector()
+        registry.register(collector)
+        return MetricsExport(collector, collector, registry)
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+
     reader = PrometheusMetricReader(disable_target_info=True, registry=registry)
     kwargs = {"resource": resource} if resource is not None else {}
     provider = MeterProvider(metric_readers=[reader, *extra_readers], **kwargs)
@@ -77,6 +96,7 @@ class RequestMetrics:
         self._exhaustion = i[R.KV_CACHE_EXHAUSTION.prom_name]
         self._policy = i[R.POLICY_ACTIVE.prom_name]
         self._clients = i[R.CLIENT_REQUESTS.prom_name]
+        self._loop_lag = i[R.EVENT_LOOP_LAG.prom_name]
         self.slo_requests = i[R.SLO_REQUESTS.prom_name]
         self._prediction = {target: tuple(i[m.prom_name] for m in trio)
                             for target, trio in R.PREDICTION_METRICS.items()}
@@ -114,6 +134,9 @@ class RequestMetrics:
     def record_client(self, client: str, outcome: str) -> None:
         """One finished request of `client` (a bounded label value) with its outcome."""
         self._clients.add(1, {R.LABEL_CLIENT: client, R.LABEL_OUTCOME: outcome})
+
+    def record_loop_lag(self, seconds: float) -> None:
+        self._loop_lag.record(seconds)
 
     def record_step(self, batch_size: int) -> None:
         self._batch.record(batch_size)

@@ -156,6 +156,14 @@ TRACE_ROWS_DROPPED: Final = MetricDef(
     "tailguard_trace_rows_dropped_total", "tailguard.trace.rows_dropped", "", "counter",
     "Trace-log rows lost for good: the memory bound was reached while the writer was "
     "behind or failing, or DuckDB refused their content.", (LABEL_TABLE,))
+# An event loop that is late by a millisecond at p99 is healthy; these bounds resolve
+# that and every stall up to the seconds a blocking call can cost.
+LOOP_LAG_BUCKETS_S: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025,
+                             0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+EVENT_LOOP_LAG: Final = MetricDef(
+    "tailguard_event_loop_lag_seconds", "tailguard_event_loop_lag_seconds", "s", "histogram",
+    "How late the server's event loop ran a timer due now (sampled every 100 ms): time "
+    "every request waits behind whatever holds the loop.", (), LOOP_LAG_BUCKETS_S)
 CLIENT_REQUESTS: Final = MetricDef(
     "tailguard_client_requests_total", "tailguard.client.requests", "", "counter",
     "Requests per client (API key name) by outcome: good or late (served, against its SLO "
@@ -201,7 +209,7 @@ LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
     CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
     RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, KV_CACHE_EXHAUSTION,
-    TRACE_ROWS_DROPPED, CLIENT_REQUESTS,
+    TRACE_ROWS_DROPPED, CLIENT_REQUESTS, EVENT_LOOP_LAG,
 ) + tuple(m for trio in PREDICTION_METRICS.values() for m in trio)
 
 # --- thresholds the alerts and the dashboards share --------------------------------

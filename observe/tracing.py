@@ -27,12 +27,12 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 
 
 @lru_cache(maxsize=16384)
-def _span_hex(span_id: int) -> str:
+def span_hex(span_id: int) -> str:
     """A request span is linked from every step of its batch: format its id once."""
     return format(span_id, "016x")
 
 
-def _ts(ns: int) -> datetime:
+def ts(ns: int) -> datetime:
     return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc)
 
 
@@ -41,15 +41,15 @@ def span_row(span: ReadableSpan) -> dict:
     ctx, parent = span.context, span.parent
     attributes = dict(span.attributes or {})
     if span.links:
-        attributes["links"] = [_span_hex(link.context.span_id) for link in span.links]
+        attributes["links"] = [span_hex(link.context.span_id) for link in span.links]
     return {
         "trace_id": format(ctx.trace_id, "032x"),
         "span_id": format(ctx.span_id, "016x"),
         "parent_span_id": format(parent.span_id, "016x") if parent else None,
         "request_id": attributes.get(R.ATTR_REQUEST_ID),
         "name": span.name,
-        "start_ts": _ts(span.start_time),
-        "end_ts": _ts(span.end_time),
+        "start_ts": ts(span.start_time),
+        "end_ts": ts(span.end_time),
         "duration_s": (span.end_time - span.start_time) / 1e9,
         "attributes": attributes,  # JSON-encoded by the trace log's flush thread, off this one
     }
@@ -106,12 +106,12 @@ class RequestSpans:
     def finish(self, rec: RequestRecord, span) -> None:
         """Add the phase children and close the request span at `rec.end`."""
         parent = trace.set_span_in_context(span)
-        for name, start, end, attrs in _phases(rec):
+        for name, start, end, attrs in phases(rec):
             child = self._tracer.start_span(
                 name, context=parent, start_time=self._clock.epoch_ns(start),
                 attributes={R.ATTR_REQUEST_ID: rec.request_id, **attrs})
             child.end(end_time=self._clock.epoch_ns(end))
-        span.set_attributes(_request_attributes(rec))
+        span.set_attributes(request_attributes(rec))
         if rec.status == R.STATUS_ERROR:
             span.set_status(Status(StatusCode.ERROR, rec.error_message or rec.error_type))
         span.end(end_time=self._clock.epoch_ns(rec.end))
@@ -129,7 +129,7 @@ class RequestSpans:
         span.end(end_time=self._clock.epoch_ns(step.start + step.duration_s))
 
 
-def _phases(rec: RequestRecord):
+def phases(rec: RequestRecord):
     engine, tally = rec.engine, rec.tally
     if engine is None:
         return
@@ -144,7 +144,7 @@ def _phases(rec: RequestRecord):
                {R.ATTR_SAMPLING_STEPS: tally.steps})
 
 
-def _request_attributes(rec: RequestRecord) -> dict:
+def request_attributes(rec: RequestRecord) -> dict:
     attrs = {
         R.ATTR_REQUEST_MODEL: rec.model, R.ATTR_STREAM: rec.stream,
         R.ATTR_INPUT_TOKENS: rec.prompt_tokens, R.ATTR_OUTPUT_TOKENS: rec.output_tokens,

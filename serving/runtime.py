@@ -20,6 +20,7 @@ from observe.archive import Rotator
 from observe.metrics import RequestMetrics, create_prometheus_export
 from observe.otlp import create_otlp_metric_reader, create_otlp_span_processor
 from observe.settings import TAILGUARD_PROFILE_SERVER
+from observe.span_rows import RowSpans
 from observe.stats import WallClock
 from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
@@ -39,6 +40,7 @@ from serving.guard.live_predictor import PredictionService
 from serving.guard.loop import Guard
 from serving.guard.periodic import Periodic
 from serving.keys import KeyRing
+from serving.loop_lag import LoopLagMonitor
 from serving.observer import Observer
 from serving.profiling import start_profiling, stop_profiling
 from serving.quota import SequenceQuota
@@ -104,7 +106,7 @@ class Runtime:
         if config.otlp:  # the same spans, also to a collector, batched off the hot path
             self.tracer_provider.add_span_processor(create_otlp_span_processor(config.otlp))
         self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"))
-        self.spans = RequestSpans(self.tracer_provider, self.clock)
+        self.spans = self._spans(config)
         self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec,
                                  config.keys.names)
         self.second = EngineSecond()
@@ -130,9 +132,18 @@ class Runtime:
                                 self.admission, self.engine)
         self.warmup: list = []
         self._ticker: asyncio.Task | None = None
+        self.loop_lag = LoopLagMonitor(self.metrics.record_loop_lag)
         self._archiver: Periodic | None = None
         self.rotator: Rotator | None = None
         self._dropped_seen: dict[str, int] = {}
+
+    def _spans(self, config: ServerConfig):
+        """OpenTelemetry spans where something besides the trace log listens for them
+        (an OTLP collector, the profiler linking profiles to spans); else the same rows
+        written straight to the trace log, without an SDK span object each."""
+        if config.otlp or config.profiling:
+            return RequestSpans(self.tracer_provider, self.clock)
+        return RowSpans(lambda row: self.tracelog.add("spans", row), self.clock)
 
     def _on_step(self, step) -> None:
         self.metrics.record_step(len(step.request_ids))
@@ -158,6 +169,7 @@ class Runtime:
     async def start(self) -> None:
         if self.config.profiling:  # the engine core starts its own agent (step_plugin)
             settings.export(TAILGUARD_PROFILE_SERVER, self.config.profiling.server_url)
+        self.loop_lag.start()  # first: the engine's start and warm-up show in it too
         self.ledger.start()
         self._args = vllm_namespace(self.config.model, self.config.served_model_name,
                                     self.config.vllm_args)
@@ -250,6 +262,7 @@ class Runtime:
         self.predictor.stop()
         self.forecast.stop()
         self.guard.stop()
+        self.loop_lag.stop()
         if self._ticker:
             self._ticker.cancel()
         if self.handle:

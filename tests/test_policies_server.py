@@ -417,3 +417,30 @@ def test_fault_injection_is_off_on_a_normal_server(server):
                      timeout=10)
     assert resp.status_code == 403 and json.loads(resp.text)["error"]["code"] == \
         "fault_injection_off"
+
+
+def loop_lag_over(srv, bound: str) -> tuple[float, float]:
+    """(samples in all, samples above `bound` s) of the event-loop lag histogram."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = under = 0.0
+    for family in text_string_to_metric_families(srv.metrics()):
+        for s in family.samples:
+            if s.name == "tailguard_event_loop_lag_seconds_count":
+                total = s.value
+            elif s.name == "tailguard_event_loop_lag_seconds_bucket" and s.labels["le"] == bound:
+                under = s.value
+    return total, total - under
+
+
+def test_a_blocked_event_loop_shows_in_the_lag_histogram_and_the_admin_view(guarded):
+    """The drill holds the server's loop for 0.6 s: the histogram gets a sample above
+    0.5 s, `GET /admin/policies` reports it as the worst, and serving goes on."""
+    total, slow = loop_lag_over(guarded, "0.5")
+    assert total > 0  # sampled since start, ten times a second
+    fault(guarded, "block_loop", delay_s=0.6)
+    wait_for(lambda: loop_lag_over(guarded, "0.5")[1] > slow, timeout=10, every=0.1)
+    lag = policies(guarded)["event_loop_lag"]
+    assert lag["worst_s"] >= 0.5 and lag["max_s"] >= 0.5 and lag["interval_s"] == 0.1
+    assert httpx.get(guarded.url + "/admin/faults", headers=AUTH).json()["mode"] == "none"
+    assert complete(guarded, VIP).status_code == 200

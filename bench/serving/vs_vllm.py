@@ -1,32 +1,36 @@
-"""Benchmark: tailguard vs vLLM's own OpenAI server, same model, same engine flags.
+"""Benchmark: tailguard vs vLLM's own OpenAI server, same model, same engine flags,
+measured with vLLM's own benchmark client (`bench/serving/vllm_client.py`).
 
 Both servers run side by side on loopback (an idle engine waits on its socket and
-costs no CPU). tailguard's degradation policies and batch-size controller are forced
-off through its admin API (`--policies auto` leaves its defaults, which shed under a
-closed loop: that is the surge benchmark's subject, not the serving path's cost).
-vLLM's server starts as its CPU guide recommends: tcmalloc preloaded,
-`VLLM_CPU_KVCACHE_SPACE` set; `tailguard serve` preloads tcmalloc itself. Each round,
-each side takes, in turn (the side that goes first alternates by round):
+costs little CPU). vLLM's server starts as its CPU guide recommends: tcmalloc
+preloaded, `VLLM_CPU_KVCACHE_SPACE` set; `tailguard serve` preloads tcmalloc itself.
+tailguard runs with every default on (spans, trace log, per-step rows, SLO verdicts,
+prediction, policies, memory forecast) under an SLO spec with loose targets
+(`--policies auto`, the default): every policy and the deadline check judge every
+request, none has reason to act, so what differs is the serving path's cost, not a
+policy's decision (the surge benchmark measures those); `--policies off` forces them
+off instead. Engine flags for both come from `--engine-arg` (e.g. `--dtype float32`).
 
-- (b) light load: the open-loop workload at `--light-rate` req/s (well below capacity)
-  for `--light-s` seconds: client-side TTFT and TPOT p50/p99 (every light-load round
-  runs before the first saturation round);
-- (a) saturation: a closed loop of `--concurrency` clients sending the seeded mixed
-  workload back to back for `--saturate-s` seconds: output tokens/s completed;
-- (c) during each: CPU seconds of the server process itself (utime + stime of every
-  thread, from /proc/PID/stat; the engine core is a child and not counted) per
-  completed request.
+Each round, each side in turn (the side that goes first alternates by round) takes:
+1. light load: streamed, mixed prompt lengths, Poisson arrivals at `--light-rate`
+   req/s: TTFT and TPOT p50/p99 as vLLM's client reports them; for tailguard also
+   the requests whose engine phases (tokenize, queue, prefill, decode: the trace log)
+   sum to under 0.1 s but took over 0.15 s end to end at the client (stalls);
+2. saturation: a closed loop of `--concurrency` clients of short requests: output
+   tokens/s and requests/s;
+and for both, CPU seconds of the server process itself per completed request (utime +
+stime of its threads from /proc; the engine core is a child and not counted; the
+client's own set-up, a second or two while the server idles, is counted too).
 
-A warm-up round (short, both sides) is dropped. Every run prints one line; the report
+A warm-up round (both sides, short) is dropped. Every run prints one line; the report
 gives every round and the per-round tailguard/vLLM ratios' median [min-max].
 
-    python -m bench.serving.vs_vllm --rounds 5
+    python -m bench.serving.vs_vllm --rounds 5 --engine-arg=--dtype --engine-arg=float32
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -38,20 +42,17 @@ import urllib.request
 from pathlib import Path
 
 from bench.common import command_line
-from loadgen.report import summarize
-from loadgen.runner import Target, run, run_closed
-from loadgen.workload import Workload
+from bench.serving import vllm_client as C
 from serving.engine.allocator import find_tcmalloc
 from serving.engine.embedded_model import ensure_model
-from slo.loading import load_spec
 
 NAME = "tailguard-tiny-llama"
 SIDES = ("vllm", "tailguard")
-PHASES = ("light", "saturate")
+TOKEN = "vs-vllm-bench-admin-token"
 POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressure",
             "truncation", "predicted_miss", "batch_control")
-TOKEN = "vs-vllm-bench-admin-token"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+LOOSE_SLO = Path(__file__).with_name("loose_slo.yaml")
+STALL_PHASES_S, STALL_E2E_S = 0.1, 0.15
 
 
 def _free_port() -> int:
@@ -60,13 +61,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of every thread of the process (not its children)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def start(cmd: list[str], url: str, log: Path, env: dict) -> subprocess.Popen:
@@ -83,7 +77,7 @@ def start(cmd: list[str], url: str, log: Path, env: dict) -> subprocess.Popen:
     sys.exit(f"not ready: {log}")
 
 
-def servers(tmp: Path) -> dict[str, tuple[str, subprocess.Popen]]:
+def servers(tmp: Path, engine_args: list[str], policies: str) -> dict:
     model = str(ensure_model())
     ports = {side: _free_port() for side in SIDES}
     urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}
@@ -92,143 +86,140 @@ def servers(tmp: Path) -> dict[str, tuple[str, subprocess.Popen]]:
     if tcmalloc is None:
         sys.exit("tcmalloc not found (apt-get install libtcmalloc-minimal4): vLLM's CPU guide "
                  "preloads it, and so does tailguard serve")
-    vllm_env = dict(base, LD_PRELOAD=tcmalloc)
     tailguard = [sys.executable, "-m", "tailguard", "serve", "--port", str(ports["tailguard"]),
                  "--db", str(tmp / "trace.duckdb")]
+    if policies == "auto":
+        tailguard += ["--slo", str(LOOSE_SLO)]
     vllm = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--served-model-name", NAME, "--enforce-eager", "--port", str(ports["vllm"]),
             "--host", "127.0.0.1", "--distributed-executor-backend", "uni",
-            "--disable-uvicorn-access-log"]
-    return {"vllm": (urls["vllm"], start(vllm, urls["vllm"], tmp / "vllm.log", vllm_env)),
-            "tailguard": (urls["tailguard"], start(tailguard, urls["tailguard"], tmp / "tg.log",
-                                                   dict(base, TAILGUARD_ADMIN_TOKEN=TOKEN)))}
+            "--disable-uvicorn-access-log", *engine_args]
+    return {"vllm": (urls["vllm"], start(vllm, urls["vllm"], tmp / "vllm.log",
+                                         dict(base, LD_PRELOAD=tcmalloc))),
+            "tailguard": (urls["tailguard"],
+                          start(tailguard + ["--", *engine_args], urls["tailguard"],
+                                tmp / "tg.log", dict(base, TAILGUARD_ADMIN_TOKEN=TOKEN)))}
+
+
+def admin(url: str, path: str, body: dict | None = None, method: str = "POST") -> dict:
+    request = urllib.request.Request(
+        url + path, json.dumps(body).encode() if body is not None else None, method=method,
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return json.loads(resp.read())
 
 
 def force_policies_off(url: str) -> None:
     for name in POLICIES:
-        body = json.dumps({"mode": "force_off", "reason": "vs_vllm benchmark"}).encode()
-        request = urllib.request.Request(
-            f"{url}/admin/policies/{name}", body, method="PUT",
-            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30):
-            pass
+        admin(url, f"/admin/policies/{name}", {"mode": "force_off", "reason": "vs_vllm"}, "PUT")
 
 
-def measured(pid: int, spec, coroutine) -> dict:
-    cpu = process_cpu_s(pid)
-    results = asyncio.run(coroutine)
-    cpu = process_cpu_s(pid) - cpu
-    summary = summarize(results, spec, {})
-    summary["server_cpu_s"] = cpu
-    summary["cpu_ms_per_request"] = 1000 * cpu / summary["ok"] if summary["ok"] else None
-    return summary
+def stalls(url: str, prefix: str, latencies: list[float]) -> tuple[int, int]:
+    """(requests with engine phases under 0.1 s, those of them over 0.15 s at the client)."""
+    admin(url, "/admin/flush")
+    data = admin(url, "/admin/query", {"sql": (
+        "SELECT request_id, coalesce(tokenize_s, 0) + queue_s + prefill_s + decode_s "
+        f"FROM requests WHERE request_id LIKE '{prefix}%' AND status = 'ok'")})
+    phases = {rid: s for rid, s in data["rows"]}
+    short = [(phases[f"{prefix}{i}"], e2e) for i, e2e in enumerate(latencies)
+             if phases.get(f"{prefix}{i}") is not None and phases[f"{prefix}{i}"] < STALL_PHASES_S]
+    return len(short), sum(e2e > STALL_E2E_S for _, e2e in short)
 
 
-def phase_run(phase: str, url: str, pid: int, spec, args, seed: int, warmup: bool) -> dict:
-    target = Target(url, NAME)
-    if phase == "saturate":
-        pool = Workload("mixed", 50.0, 10.0 if warmup else args.saturate_s, 100_000,
-                        output_tokens=args.output_tokens, seed=seed)
-        return measured(pid, spec, run_closed(target, pool, args.concurrency))
-    light = Workload("mixed", args.light_rate, 5.0 if warmup else args.light_s, 100_000,
-                     output_tokens=args.output_tokens, seed=seed + 1000)
-    return measured(pid, spec, run(target, light))
-
-
-def rounds(running, args, spec) -> list[dict]:
-    """A warm-up of both phases on both sides (dropped); then every light-load round,
-    then every saturation round, so no light-load run follows a saturated one."""
-    for side in SIDES:
-        url, process = running[side]
-        for phase in PHASES:
-            phase_run(phase, url, process.pid, spec, args, seed=0, warmup=True)
-    rows = [{"round": i, "first": SIDES[(i + 1) % 2], "vllm": {}, "tailguard": {}}
-            for i in range(1, args.rounds + 1)]
-    for phase in PHASES:
-        for row in rows:
-            row[f"loadavg_{phase}"] = os.getloadavg()[0]
-            order = SIDES if row["first"] == SIDES[0] else SIDES[::-1]
-            for side in order:
-                url, process = running[side]
-                row[side][phase] = phase_run(phase, url, process.pid, spec, args,
-                                             seed=row["round"], warmup=False)
-                print(json.dumps({"round": row["round"], "phase": phase, "side": side,
-                                  **brief(row[side], phase)}), flush=True)
-    return rows
-
-
-def brief(run: dict, only: str | None = None) -> dict:
-    out = {}
-    if only in (None, "saturate"):
-        sat = run["saturate"]
-        out.update(sat_tok_s=sat["output_tokens_per_s"], sat_ok=sat["ok"],
-                   sat_errors=sat["errors"], sat_cpu_ms=sat["cpu_ms_per_request"])
-    if only in (None, "light"):
-        light = run["light"]
-        out.update(light_ok=light["ok"], light_errors=light["errors"],
-                   light_cpu_ms=light["cpu_ms_per_request"],
-                   **{k: light["latency"]["all"][k] for k in
-                      ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99")})
+def one(side: str, running: dict, work: C.Workload, seed: int, tag: str) -> dict:
+    url, process = running[side]
+    prefix = f"{tag}-{side}-"
+    out = C.run(url, process.pid, NAME, str(ensure_model()), work, seed, prefix)
+    if side == "tailguard" and work.name == "light":
+        out["short"], out["stalled"] = stalls(url, prefix, out["latencies"])
+    out.pop("latencies")
     return out
 
 
-METRICS = (("(a) output tokens/s, closed loop", "sat_tok_s", 1),
-           ("(b) TTFT p50, light load (ms)", "ttft_p50", 1000),
-           ("(b) TTFT p99, light load (ms)", "ttft_p99", 1000),
-           ("(b) TPOT p50, light load (ms)", "tpot_p50", 1000),
-           ("(b) TPOT p99, light load (ms)", "tpot_p99", 1000),
-           ("(c) server CPU ms/request, closed loop", "sat_cpu_ms", 1),
-           ("(c) server CPU ms/request, light load", "light_cpu_ms", 1))
+def rounds(running: dict, args) -> list[dict]:
+    """A short warm-up of both workloads on both sides (dropped); then every round's
+    light load, then every round's saturation, so no light run follows a saturated one."""
+    light, sat = C.light(args.light_rate, args.light_prompts), C.saturate(
+        args.concurrency, args.saturate_prompts)
+    for side in SIDES:
+        for work in (C.light(4.0, 8), C.saturate(args.concurrency, 2 * args.concurrency)):
+            one(side, running, work, seed=0, tag="warmup")
+    rows = [{"round": i, "first": SIDES[(i + 1) % 2]} for i in range(1, args.rounds + 1)]
+    for work in (light, sat):
+        for row in rows:
+            order = SIDES if row["first"] == SIDES[0] else SIDES[::-1]
+            row[f"loadavg_{work.name}"] = os.getloadavg()[0]
+            for side in order:
+                result = one(side, running, work, seed=row["round"], tag=f"r{row['round']}")
+                row.setdefault(side, {})[work.name] = result
+                print(json.dumps({"round": row["round"], "work": work.name, "side": side,
+                                  **result}), flush=True)
+    return rows
+
+
+METRICS = (("CPU ms per request, saturation", "saturate", "cpu_ms", 1),
+           ("CPU ms per request, light load", "light", "cpu_ms", 1),
+           ("output tokens/s, saturation", "saturate", "output_tok_s", 1),
+           ("requests/s, saturation", "saturate", "req_s", 1),
+           ("TTFT p50, light (ms)", "light", "ttft_50", 1000),
+           ("TTFT p99, light (ms)", "light", "ttft_99", 1000),
+           ("TPOT p50, light (ms)", "light", "tpot_50", 1000),
+           ("TPOT p99, light (ms)", "light", "tpot_99", 1000),
+           ("E2E p99, light (ms)", "light", "e2el_99", 1000))
 
 
 def report(rows: list[dict], args) -> None:
-    briefs = [{side: brief(row[side]) for side in SIDES} for row in rows]
-    print(f"\ntailguard policies: {args.policies}; {len(rows)} rounds; closed loop {args.concurrency} clients x {args.saturate_s:g} s, "
-          f"light load {args.light_rate:g} req/s x {args.light_s:g} s, "
-          f"{args.output_tokens} output tokens\n")
-    print("| round | first | load avg (light, saturate) | " + " | ".join(
-        f"{key} vLLM / tailguard" for _, key, _ in METRICS) + " |")
-    print("|---|---|---|" + "---|" * len(METRICS))
-    for row, b in zip(rows, briefs):
-        cells = [f"{scale * b['vllm'][key]:.1f} / {scale * b['tailguard'][key]:.1f}"
-                 for _, key, scale in METRICS]
-        print(f"| {row['round']} | {row['first']} | {row['loadavg_light']:.2f}, "
-              f"{row['loadavg_saturate']:.2f} | " + " | ".join(cells)
-              + " |")
+    print(f"\n{len(rows)} rounds; tailguard policies {args.policies}; engine args "
+          f"{' '.join(args.engine_arg) or '(none)'}; light {args.light_rate:g} req/s x "
+          f"{args.light_prompts}; saturation {args.concurrency} clients x "
+          f"{args.saturate_prompts} requests\n")
+    print("| round | first | " + " | ".join(f"{label}: vLLM / tailguard"
+                                           for label, *_ in METRICS) + " | stalls |")
+    print("|---|---|" + "---|" * (len(METRICS) + 1))
+    for row in rows:
+        cells = [f"{s * row['vllm'][w][k]:.2f} / {s * row['tailguard'][w][k]:.2f}"
+                 for _, w, k, s in METRICS]
+        light = row["tailguard"]["light"]
+        print(f"| {row['round']} | {row['first']} | " + " | ".join(cells)
+              + f" | {light['stalled']}/{light['short']} |")
     print("\n| metric | vLLM median | tailguard median | tailguard/vLLM per round: median "
           "[min-max] |\n|---|---:|---:|---:|")
-    for label, key, scale in METRICS:
-        vllm = [b["vllm"][key] for b in briefs]
-        ours = [b["tailguard"][key] for b in briefs]
-        ratios = [o / v for o, v in zip(ours, vllm)]
-        print(f"| {label} | {scale * statistics.median(vllm):.2f} | "
+    for label, work, key, scale in METRICS:
+        ours = [row["tailguard"][work][key] for row in rows]
+        theirs = [row["vllm"][work][key] for row in rows]
+        ratios = [o / t for o, t in zip(ours, theirs)]
+        print(f"| {label} | {scale * statistics.median(theirs):.2f} | "
               f"{scale * statistics.median(ours):.2f} | {statistics.median(ratios):.3f} "
               f"[{min(ratios):.3f}-{max(ratios):.3f}] |")
-    errors = {side: sum(sum(b[side]["sat_errors"].values()) + sum(b[side]["light_errors"].values())
-                        for b in briefs) for side in SIDES}
-    print(f"\nfailed requests: {errors}")
+    failed = {side: sum(row[side][w]["failed"] for row in rows for w in ("light", "saturate"))
+              for side in SIDES}
+    stalled = sum(row["tailguard"]["light"]["stalled"] for row in rows)
+    short = sum(row["tailguard"]["light"]["short"] for row in rows)
+    print(f"\nfailed requests: {failed}; tailguard light-load stalls (engine phases < "
+          f"{STALL_PHASES_S:g} s, client end to end > {STALL_E2E_S:g} s): {stalled} of "
+          f"{short}")
     print("command: " + command_line(__spec__.name))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--saturate-s", type=float, default=30.0)
-    ap.add_argument("--light-rate", type=float, default=1.5)
-    ap.add_argument("--light-s", type=float, default=40.0)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--policies", choices=("off", "auto"), default="off",
-                    help="tailguard's degradation policies and batch-size controller: "
-                         "forced off (compare the serving path) or left on (its defaults)")
+    ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--saturate-prompts", type=int, default=320)
+    ap.add_argument("--light-rate", type=float, default=1.0)
+    ap.add_argument("--light-prompts", type=int, default=40)
+    ap.add_argument("--engine-arg", action="append", default=[],
+                    help="a vLLM engine flag for both servers (repeat)")
+    ap.add_argument("--policies", choices=("auto", "off"), default="auto",
+                    help="auto: every default on, under loose SLO targets (nothing to "
+                         "act on); off: policies forced off through the admin API")
     args = ap.parse_args()
-    spec = load_spec()
     with tempfile.TemporaryDirectory() as tmp:
-        running = servers(Path(tmp))
+        running = servers(Path(tmp), args.engine_arg, args.policies)
         try:
             if args.policies == "off":
                 force_policies_off(running["tailguard"][0])
-            rows = rounds(running, args, spec)
+            rows = rounds(running, args)
         finally:
             for _, process in running.values():
                 process.terminate()

@@ -42,3 +42,21 @@ def health(slo: dict) -> str:
 def worst(states: list[str]) -> str:
     order = (RED, AMBER, GREEN, GREY)
     return min(states, key=order.index) if states else GREY
+
+
+# The server's own event loop (GET /admin/policies `event_loop_lag`): every request
+# waits behind whatever holds it. Healthy under 1 ms at p99; over 5 ms it is adding
+# to the tail the SLOs measure (the targets issue 20 of the project set).
+LOOP_LAG_OK_S = 0.001
+LOOP_LAG_BAD_S = 0.005
+
+
+def loop_lag(lag: dict | None) -> tuple[str, str]:
+    """(state, one line) for the event-loop lag summary; grey without samples."""
+    if not lag or not lag.get("samples"):
+        return GREY, "Server event loop: no lag samples yet."
+    p99 = lag["p99_s"]
+    state = GREEN if p99 <= LOOP_LAG_OK_S else AMBER if p99 <= LOOP_LAG_BAD_S else RED
+    return state, (f"Server event loop lag, last minute: p99 {p99 * 1000:.1f} ms, max "
+                   f"{lag['max_s'] * 1000:.1f} ms ({lag['samples']} samples); worst since "
+                   f"start {lag['worst_s'] * 1000:.0f} ms.")

@@ -1,5 +1,6 @@
 """Engine: the running batch, the queue, KV-cache usage, batch sizes, request
-outcomes, errors and trace-log rows dropped, per server instance."""
+outcomes, errors and trace-log rows dropped, and the server's event-loop lag, per
+server instance."""
 
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def build(_spec=None) -> dict:
     board.add(_requests(), width=8)
     board.add(_errors(), width=8)
     board.add(_dropped_rows(), width=8)
+    board.row("Server")
+    board.add(_loop_lag())
     return board.to_json()
 
 
@@ -72,3 +75,12 @@ def _dropped_rows():
     expr = summed(R.TRACE_ROWS_DROPPED.prom_name, (R.LABEL_TABLE,), fn="increase")
     return graph("Trace-log rows dropped", R.TRACE_ROWS_DROPPED.description, "short",
                  queries((expr, legend_of(R.LABEL_TABLE))), steps((0, "green"), (1, "red")))
+
+
+def _loop_lag():
+    """The server's event-loop lag: p50 and p99 per instance, with the lines where it
+    starts to add to the tail (1 ms at p99 healthy, 5 ms at saturation at most)."""
+    pairs = [(quantile(0.5, R.EVENT_LOOP_LAG, INSTANCE), "p50 {{instance}}"),
+             (quantile(0.99, R.EVENT_LOOP_LAG, INSTANCE), "p99 {{instance}}")]
+    return graph("Event-loop lag", R.EVENT_LOOP_LAG.description, unit_of(R.EVENT_LOOP_LAG),
+                 queries(*pairs), steps((0, "green"), (0.001, "orange"), (0.005, "red")))

@@ -61,6 +61,8 @@ def create_policy_router(runtime) -> APIRouter:
             # online calibration of its estimate
             "engine_model": runtime.engine_model.describe(),
             "calibration": runtime.predictor.calibration.describe(),
+            # what every request waits behind: the server's own event loop
+            "event_loop_lag": runtime.loop_lag.describe(),
             "config": dataclasses.asdict(guard.engine.config)}))
 
     @router.put("/policies/{name}")

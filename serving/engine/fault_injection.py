@@ -6,6 +6,8 @@ Off unless the server starts with `--enable-fault-injection`; then
 - `slow`: every engine request first waits `delay_s`;
 - `stall`: engine requests wait until the fault is cleared (or `timeout_s`);
 - `error`: engine requests fail with an engine error (what the breaker L2 sees);
+- `block_loop`: the server's event loop is blocked once for `delay_s` (at most
+  10 s), as a slow callback would: what the event-loop lag metric must show;
 - `none`: clear.
 
 The fault sits in the engine client wrapper, in front of the real engine, so the
@@ -20,7 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Final
 
-MODES: Final = ("none", "slow", "stall", "error")
+MODES: Final = ("none", "slow", "stall", "error", "block_loop")
+MAX_BLOCK_S: Final = 10.0
 
 
 class InjectedEngineError(RuntimeError):
@@ -39,6 +42,8 @@ class Fault:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         if not 0 <= self.delay_s <= 600 or not 0 < self.timeout_s <= 600:
             raise ValueError("delay_s must be in [0, 600] and timeout_s in (0, 600]")
+        if self.mode == "block_loop" and self.delay_s > MAX_BLOCK_S:
+            raise ValueError(f"block_loop: delay_s must be at most {MAX_BLOCK_S:g}")
 
     def as_dict(self) -> dict:
         return {"mode": self.mode, "delay_s": self.delay_s, "timeout_s": self.timeout_s,
@@ -54,7 +59,11 @@ class FaultInjector:
     def set(self, mode: str, delay_s: float = 0.0, timeout_s: float = 60.0) -> Fault:
         if not self.enabled:
             raise PermissionError("fault injection is off (start with --enable-fault-injection)")
-        self.fault = Fault(mode, delay_s, timeout_s, time.time())
+        fault = Fault(mode, delay_s, timeout_s, time.time())
+        if mode == "block_loop":  # once, right after this answer; nothing stays set
+            asyncio.get_running_loop().call_later(0.05, time.sleep, delay_s)
+            return fault
+        self.fault = fault
         if mode == "none":
             self._cleared.set()
         else:
