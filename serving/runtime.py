@@ -29,7 +29,7 @@ from serving.admission import Admission
 from serving.config import ServerConfig
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
-from serving.engine.load import LoadTracker, resident_bytes
+from serving.engine.load import LoadTracker, ResidentBytes
 from serving.engine.observed import ObservedEngine
 from serving.engine.setup import start_engine, vllm_namespace
 from serving.engine.stats import EngineSecond, stat_logger_factory
@@ -133,6 +133,7 @@ class Runtime:
         self.warmup: list = []
         self._ticker: asyncio.Task | None = None
         self.loop_lag = LoopLagMonitor(self.metrics.record_loop_lag)
+        self._resident = ResidentBytes()
         self._archiver: Periodic | None = None
         self.rotator: Rotator | None = None
         self._dropped_seen: dict[str, int] = {}
@@ -242,7 +243,7 @@ class Runtime:
         """Once a second: an `engine_stats` row and the engine gauges."""
         while True:
             await asyncio.sleep(1.0)
-            snap = self.second.take(rss_bytes=resident_bytes())
+            snap = self.second.take(rss_bytes=self._resident())
             self.metrics.record_engine(snap)
             self.tracelog.add("engine_stats", snap.row(self.clock))
             self.forecast.observe(snap, self.clock.epoch(snap.ts))

@@ -5,6 +5,7 @@ that refuses the token or is not there, and against a read-only trace file."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from pathlib import Path
@@ -181,6 +182,11 @@ def test_overview_shows_every_slo_goodput_burn_rates_and_the_policy_banner(live,
         assert texts(app.success) == [
             f"No degradation policy is acting; concurrency limit {limit}."]
         assert not app.warning
+    # The server's own health: its event loop's lag over the last minute.
+    (lag,) = [c for c in texts(app.caption) if "Server event loop lag" in c]
+    assert re.fullmatch(r":(green|orange|red)\[●\] Server event loop lag, last minute: p99 "
+                        r"[\d.]+ ms, max [\d.]+ ms \(\d+ samples\); worst since start \d+ ms\.",
+                        lag), lag
 
 
 def test_latency_metric_radio_switches_the_chart(live, seeded):

@@ -55,6 +55,35 @@ def test_a_step_without_sampling_still_counts(ledger):
     assert ledger.seen[0].sampling_s == 0.0 and ledger.seen[0].forward_s == 0.5
 
 
+def test_the_running_ledger_publishes_at_once_what_it_or_another_thread_drained():
+    """Its thread sleeps on the socket (and up to a second), never on a short timer:
+    a step it receives, and one drained first by another thread (a request's end on
+    the event loop), both reach the consumers within milliseconds."""
+    import time
+
+    seen: list[StepRecord] = []
+    led = StepLedger([seen.append]).start()
+    try:
+        sender = StepSender(led.path)
+        time.sleep(0.05)  # the thread waits on select
+        _step(sender, 1.0, 0.010, 0.002, {"a-00000000": 1})
+        began = time.monotonic()
+        while not seen and time.monotonic() - began < 0.5:
+            time.sleep(0.002)
+        assert len(seen) == 1
+        with led._lock:  # the event loop's drain takes the datagram before the thread
+            _step(sender, 2.0, 0.010, 0.002, {"b-00000000": 1})
+            time.sleep(0.01)
+        led.drain()
+        began = time.monotonic()
+        while len(seen) < 2 and time.monotonic() - began < 0.5:
+            time.sleep(0.002)
+        assert [s.request_ids for s in seen] == [("a",), ("b",)]
+        assert time.monotonic() - began < 0.5  # woken, not the 1 s timeout
+    finally:
+        led.close()
+
+
 def test_sending_to_no_server_drops_and_counts(tmp_path):
     sender = StepSender(str(tmp_path / "nobody.sock"))
     _step(sender, 0.0, 0.1, 0.1, {"a-00000000": 1})

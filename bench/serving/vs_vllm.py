@@ -9,7 +9,8 @@ prediction, policies, memory forecast) under an SLO spec with loose targets
 (`--policies auto`, the default): every policy and the deadline check judge every
 request, none has reason to act, so what differs is the serving path's cost, not a
 policy's decision (the surge benchmark measures those); `--policies off` forces them
-off instead. Engine flags for both come from `--engine-arg` (e.g. `--dtype float32`).
+off instead. Engine flags for both come from `--engine-arg`; the dtype tailguard
+chooses for this CPU (`--dtype float32` without bfloat16 hardware) goes to both.
 
 Each round, each side in turn (the side that goes first alternates by round) takes:
 1. light load: streamed, mixed prompt lengths, Poisson arrivals at `--light-rate`
@@ -45,6 +46,7 @@ from bench.common import command_line
 from bench.serving import vllm_client as C
 from serving.engine.allocator import find_tcmalloc
 from serving.engine.embedded_model import ensure_model
+from serving.engine.setup import cpu_dtype_flags
 
 NAME = "tailguard-tiny-llama"
 SIDES = ("vllm", "tailguard")
@@ -78,6 +80,9 @@ def start(cmd: list[str], url: str, log: Path, env: dict) -> subprocess.Popen:
 
 
 def servers(tmp: Path, engine_args: list[str], policies: str) -> dict:
+    """Both servers on the same engine flags: the dtype tailguard would choose for this
+    CPU (float32 where bfloat16 is emulated) is given to vLLM too, unless set."""
+    engine_args = [*engine_args, *cpu_dtype_flags(engine_args)]
     model = str(ensure_model())
     ports = {side: _free_port() for side in SIDES}
     urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}

@@ -9,8 +9,10 @@ before the engine has taken a single step of it.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
+import time
 
 from observe.record import AdmissionLoad
 from observe.stats import StepRecord
@@ -53,19 +55,42 @@ class LoadTracker:
         return self._pending, self._pending_tokens
 
 
-def resident_bytes(pid: int | None = None) -> int | None:
-    """RSS of a process and its children (the engine core runs in a child)."""
-    try:
-        import psutil
+class ResidentBytes:
+    """RSS of a process and its children (the engine core runs in a child), read once a
+    second. Finding the children scans every process on the machine (/proc/*/stat), so
+    the list is kept for `refresh_s` (and found again at once when one has exited: an
+    engine restart); reading each one's RSS is a small file read."""
 
-        proc = psutil.Process(pid or os.getpid())
-        procs = [proc, *proc.children(recursive=True)]
+    __slots__ = ("_pid", "_refresh_s", "_procs", "_found_at")
+
+    def __init__(self, pid: int | None = None, refresh_s: float = 30.0):
+        self._pid = pid or os.getpid()
+        self._refresh_s = refresh_s
+        self._procs: list = []
+        self._found_at = -math.inf
+
+    def __call__(self) -> int | None:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        now = time.monotonic()
+        if now - self._found_at >= self._refresh_s or not self._procs:
+            try:
+                proc = psutil.Process(self._pid)
+                self._procs = [proc, *proc.children(recursive=True)]
+            except (psutil.Error, OSError):
+                return None
+            self._found_at = now
         total = 0
-        for p in procs:
+        for p in self._procs:
             try:
                 total += p.memory_info().rss
-            except psutil.Error:
-                continue  # a child that just exited
+            except psutil.Error:  # a child that exited: find them again next time
+                self._found_at = -math.inf
         return total
-    except (ImportError, OSError):
-        return None
+
+
+def resident_bytes(pid: int | None = None) -> int | None:
+    """RSS of a process and its children, found now."""
+    return ResidentBytes(pid)()

@@ -36,7 +36,7 @@ class StepLedger:
     """Owns the receiving socket and the per-request sampling tallies."""
 
     def __init__(self, consumers: list[Callable[[StepRecord], None]] | None = None,
-                 poll_s: float = 0.05):
+                 poll_s: float = 1.0):
         self._dir = tempfile.mkdtemp(prefix="tailguard-steps-")
         self.path = os.path.join(self._dir, "steps.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -50,6 +50,11 @@ class StepLedger:
         self._closed = threading.Event()
         self.steps_seen = 0
         self._unpublished: deque[StepRecord] = deque()
+        # Steps drained on another thread (a request's end, on the event loop) wake the
+        # ledger's thread to publish them: it sleeps on its socket, not on a timer.
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="tailguard-steps", daemon=True)
 
     def start(self) -> "StepLedger":
@@ -88,6 +93,11 @@ class StepLedger:
                 if record is not None:
                     self._unpublished.append(record)
                     count += 1
+        if count and threading.current_thread() is not self._thread:
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:  # the pipe is full: the thread is waking anyway
+                pass
         return count
 
     def _apply(self, data: bytes) -> StepRecord | None:
@@ -118,17 +128,28 @@ class StepLedger:
     def _run(self) -> None:
         while not self._closed.is_set():
             try:
-                ready, _, _ = select.select([self._sock], [], [], self._poll_s)
+                ready, _, _ = select.select([self._sock, self._wake_r], [], [], self._poll_s)
             except (OSError, ValueError):
                 return
-            if ready:
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 4096)
+                except OSError:
+                    pass
+            if self._sock in ready:
                 self.drain()
             self._publish()
 
     def close(self) -> None:
         self._closed.set()
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
         self.drain()
         self._publish()
         self._sock.close()
