@@ -60,6 +60,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=60)
+    # the client's thread may still hold stdout redirected (its report is swallowed)
+    sys.stdout = sys.__stdout__
     sys.argv = ["profile_top", str(args.out), "--top", str(args.top)]
     profile_top.main()
 

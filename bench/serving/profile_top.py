@@ -33,6 +33,28 @@ def frame_key(frame: str) -> str:
     return f"{match['name']} ({path})"
 
 
+def area(key: str) -> str:
+    """Where a frame's code lives: our packages, vLLM, the HTTP stack, the rest."""
+    path = key.rsplit("(", 1)[-1].rstrip(")")
+    top = path.split("/", 1)[0] if "/" in path else path
+    if top in ("observe", "serving", "slo", "tailguard"):
+        return f"tailguard: {top}/"
+    if top in ("uvicorn", "starlette", "fastapi", "httptools", "h11", "anyio", "pydantic",
+               "pydantic_core"):
+        return "HTTP stack (uvicorn, starlette, fastapi, pydantic)"
+    if top in ("vllm", "transformers", "tokenizers", "zmq", "msgspec"):
+        return "vLLM front end (serving classes, detokenizer, tokenizer, zmq)"
+    if top in ("opentelemetry", "trace", "metrics", "attributes", "sdk", "context",
+               "exporter"):  # py-spy names the SDK's files below its namespace package
+        return "OpenTelemetry SDK"
+    if top in ("duckdb", "pyarrow"):
+        return "DuckDB / Arrow"
+    if top in ("asyncio", "threading.py", "selectors.py", "concurrent") or path.startswith(
+            ("asyncio/", "threading", "selectors", "concurrent/")):
+        return "event loop and threads (asyncio, selectors)"
+    return "other"
+
+
 def parse(path: Path) -> tuple[Counter, Counter, int]:
     inclusive: Counter = Counter()
     own: Counter = Counter()
@@ -57,7 +79,13 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     inclusive, own, total = parse(args.profile)
-    print(f"{total} samples\n\n| self % | function |\n|---:|---|")
+    areas: Counter = Counter()
+    for key, n in own.items():
+        areas[area(key)] += n
+    print(f"{total} samples\n\n| self % | where the code lives |\n|---:|---|")
+    for name, n in areas.most_common():
+        print(f"| {100 * n / total:.1f} | {name} |")
+    print("\n| self % | function |\n|---:|---|")
     for key, n in own.most_common(args.top):
         print(f"| {100 * n / total:.1f} | `{key}` |")
     print("\n| inclusive % | function |\n|---:|---|")
