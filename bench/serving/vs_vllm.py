@@ -5,12 +5,16 @@ Both servers run side by side on loopback (an idle engine waits on its socket an
 costs little CPU). vLLM's server starts as its CPU guide recommends: tcmalloc
 preloaded, `VLLM_CPU_KVCACHE_SPACE` set; `tailguard serve` preloads tcmalloc itself.
 tailguard runs with every default on (spans, trace log, per-step rows, SLO verdicts,
-prediction, policies, memory forecast) under an SLO spec with loose targets
-(`--policies auto`, the default): every policy and the deadline check judge every
-request, none has reason to act, so what differs is the serving path's cost, not a
-policy's decision (the surge benchmark measures those); `--policies off` forces them
-off instead. Engine flags for both come from `--engine-arg`; the dtype tailguard
-chooses for this CPU (`--dtype float32` without bfloat16 hardware) goes to both.
+prediction, the deadline check's estimate, the policy engine's tick, memory forecast);
+its degradation policies and batch-size controller are forced off through the admin
+API (`--policies off`, the default): they act on their own thresholds (batch control
+halves the concurrency limit when TTFT P99 passes 0.5 s, token cap and truncation on
+queue depth and load), which a closed loop at saturation crosses whatever the SLO, so
+with them on the run measures their decisions, not the serving path's cost (the surge
+benchmark's subject). `--policies auto` leaves them on, under an SLO spec with loose
+targets (`loose_slo.yaml`). Engine flags for both come from `--engine-arg`; the dtype
+tailguard chooses for this CPU (`--dtype float32` without bfloat16 hardware) goes to
+both.
 
 Each round, each side in turn (the side that goes first alternates by round) takes:
 1. light load: streamed, mixed prompt lengths, Poisson arrivals at `--light-rate`
@@ -21,7 +25,9 @@ Each round, each side in turn (the side that goes first alternates by round) tak
    tokens/s and requests/s;
 and for both, CPU seconds of the server process itself per completed request (utime +
 stime of its threads from /proc; the engine core is a child and not counted; the
-client's own set-up, a second or two while the server idles, is counted too).
+client's own set-up, a second or two while the server idles, is counted too); for
+tailguard, its event-loop lag over each run (its `/metrics` histogram, read before and
+after: the bound under which 99% and all of the run's samples fell).
 
 A warm-up round (both sides, short) is dropped. Every run prints one line; the report
 gives every round and the per-round tailguard/vLLM ratios' median [min-max].
@@ -131,10 +137,38 @@ def stalls(url: str, prefix: str, latencies: list[float]) -> tuple[int, int]:
     return len(short), sum(e2e > STALL_E2E_S for _, e2e in short)
 
 
+def loop_lag_buckets(url: str) -> dict[float, float]:
+    """tailguard's event-loop lag histogram on /metrics: cumulative count per bound."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "tailguard_event_loop_lag_seconds_bucket":
+                out[float(s.labels["le"])] = s.value
+    return out
+
+
+def lag_quantile(before: dict, after: dict, q: float) -> float | None:
+    """The bound under which `q` of the samples taken between two reads fell."""
+    delta = sorted((bound, after[bound] - before.get(bound, 0.0)) for bound in after)
+    total = delta[-1][1] if delta else 0
+    if not total:
+        return None
+    return next(bound for bound, count in delta if count >= q * total)
+
+
 def one(side: str, running: dict, work: C.Workload, seed: int, tag: str) -> dict:
     url, process = running[side]
     prefix = f"{tag}-{side}-"
+    lag_before = loop_lag_buckets(url) if side == "tailguard" else None
     out = C.run(url, process.pid, NAME, str(ensure_model()), work, seed, prefix)
+    if side == "tailguard":
+        lag_after = loop_lag_buckets(url)
+        out["lag_p99_le"] = lag_quantile(lag_before, lag_after, 0.99)
+        out["lag_max_le"] = lag_quantile(lag_before, lag_after, 1.0)
     if side == "tailguard" and work.name == "light":
         out["short"], out["stalled"] = stalls(url, prefix, out["latencies"])
     out.pop("latencies")
@@ -200,6 +234,11 @@ def report(rows: list[dict], args) -> None:
               for side in SIDES}
     stalled = sum(row["tailguard"]["light"]["stalled"] for row in rows)
     short = sum(row["tailguard"]["light"]["short"] for row in rows)
+    for work in ("light", "saturate"):
+        p99 = [row["tailguard"][work]["lag_p99_le"] for row in rows]
+        worst = [row["tailguard"][work]["lag_max_le"] for row in rows]
+        print(f"tailguard event-loop lag, {work}: p99 at or under (histogram bound, s) "
+              f"per round {p99}; largest sample under {worst}")
     print(f"\nfailed requests: {failed}; tailguard light-load stalls (engine phases < "
           f"{STALL_PHASES_S:g} s, client end to end > {STALL_E2E_S:g} s): {stalled} of "
           f"{short}")
@@ -215,9 +254,10 @@ def main() -> None:
     ap.add_argument("--light-prompts", type=int, default=40)
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="a vLLM engine flag for both servers (repeat)")
-    ap.add_argument("--policies", choices=("auto", "off"), default="auto",
-                    help="auto: every default on, under loose SLO targets (nothing to "
-                         "act on); off: policies forced off through the admin API")
+    ap.add_argument("--policies", choices=("off", "auto"), default="off",
+                    help="off: the degradation policies and batch-size controller forced "
+                         "off through the admin API (everything else on); auto: left on, "
+                         "under loose SLO targets")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         running = servers(Path(tmp), args.engine_arg, args.policies)
