@@ -27,8 +27,10 @@ ORDERS = (("off", "on", "bare", "observed"), ("observed", "bare", "on", "off"),
 ENGINES = ("off", "on", "runtime")
 SETTLE_S = 1.2  # pause after each side-turn: the trace log's 1 s flush lands in it
 PINNED_LIMIT = 64  # >= the concurrency, so the limiter never holds a request back
+# ... and the deadline check's verdict off (its estimate is still made for every
+# request): a batch of 32 arriving at once is late for a 200 ms target by design here
 PINNED_LIMIT_YAML = (f"batch_floor: {PINNED_LIMIT}\nbatch_initial: {PINNED_LIMIT}\n"
-                     f"batch_cap: {PINNED_LIMIT}\n")
+                     f"batch_cap: {PINNED_LIMIT}\ndeadline_check: false\n")
 LOG_PREFIX = "[overhead] "  # the orchestrator relays the lines that carry it
 
 
