@@ -16,6 +16,7 @@ mapping), so `observe.metrics.RequestMetrics` uses either kind unchanged.
 
 from __future__ import annotations
 
+import math
 import threading
 from bisect import bisect_left
 from collections.abc import Mapping
@@ -63,6 +64,8 @@ class Histogram(_Instrument):
         self._bounds = tuple(metric.buckets)
 
     def record(self, value: float, attributes: Mapping[str, str] | None = None) -> None:
+        if not 0 <= value < math.inf:  # as the SDK: NaN, inf and negatives are ignored
+            return
         key = self._key(attributes)
         index = bisect_left(self._bounds, value)  # as the SDK: a bound is inclusive (le)
         with self._lock:
@@ -77,11 +80,13 @@ class Counter(_Instrument):
     __slots__ = ()
 
     def add(self, amount: float, attributes: Mapping[str, str] | None = None) -> None:
+        if not 0 <= amount < math.inf:  # as the SDK: a counter only goes up, finitely
+            return
         key = self._key(attributes)
         with self._lock:
             series = self._series.get(key)
             if series is None:
-                self._new(key, [float(amount)])
+                self._new(key, [0.0 + amount])  # as the SDK's sum: from 0 (-0.0 + 0 = 0.0)
             else:
                 series[0] += amount
 
@@ -90,6 +95,8 @@ class Gauge(_Instrument):
     __slots__ = ()
 
     def set(self, value: float, attributes: Mapping[str, str] | None = None) -> None:
+        if not math.isfinite(value):  # as the SDK
+            return
         key = self._key(attributes)
         with self._lock:
             if key in self._series:

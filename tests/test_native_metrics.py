@@ -50,6 +50,26 @@ def test_every_registry_metric_reads_the_same_either_way():
     assert len(native.splitlines()) > 1000  # every family, every bucket
 
 
+def test_values_the_sdk_ignores_are_ignored_the_same_way():
+    """NaN, infinities and negatives: a histogram or counter ignores them (a NaN would
+    poison its sum for good), a gauge ignores the non-finite."""
+    hostile = (float("nan"), float("inf"), -float("inf"), -1.0, -0.0)
+
+    def feed(metrics):
+        i = metrics.instruments
+        for value in hostile:
+            i[R.TTFT.prom_name].record(value, {R.LABEL_CONTEXT_BUCKET: "0-1k"})
+            i[R.REQUESTS.prom_name].add(value, {R.LABEL_STATUS: "ok",
+                                                R.LABEL_CONTEXT_BUCKET: "0-1k",
+                                                R.LABEL_PRIORITY: "realtime"})
+            i[R.KV_CACHE_USAGE.prom_name].set(value)
+        i[R.TTFT.prom_name].record(0.05, {R.LABEL_CONTEXT_BUCKET: "0-1k"})
+
+    native = exposition(True, feed)
+    assert native == exposition(False, feed)
+    assert "nan" not in native.lower() and "inf\n" not in native.lower()
+
+
 def test_nothing_recorded_nothing_served():
     assert exposition(True, lambda m: None) == exposition(False, lambda m: None) == ""
 
