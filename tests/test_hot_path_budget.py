@@ -15,7 +15,7 @@ import pytest
 from opentelemetry.sdk.trace import SpanProcessor
 
 from bench.serving import hot_path as H
-from observe import native_metrics as NM
+from observe.metrics import native as NM
 from observe import registry as R
 
 

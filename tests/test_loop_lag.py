@@ -9,7 +9,7 @@ import time
 import pytest
 
 from dashboards.console import health as H
-from serving.loop_lag import LoopLagMonitor
+from serving.guard.loop_lag import LoopLagMonitor
 
 
 def test_a_blocked_loop_is_measured_at_the_length_it_was_held():

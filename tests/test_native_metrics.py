@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from observe import registry as R
 from observe.metrics import RequestMetrics, create_prometheus_export
-from observe.native_metrics import Counter, Gauge, Histogram
+from observe.metrics.native import Counter, Gauge, Histogram
 
 
 def exposition(native: bool, feed) -> str:

@@ -1,5 +1,5 @@
 """Instruments for every metric in the registry, exported to Prometheus: kept natively
-(`observe.native_metrics`) when Prometheus is the only reader, OpenTelemetry's when an
+(`observe.metrics.native`) when Prometheus is the only reader, OpenTelemetry's when an
 OTLP exporter reads them too; `/metrics` reads the same either way.
 
 `create_instruments(meter)` builds them from `observe.registry`; `RequestMetrics`
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from observe import registry as R
-from observe.native_metrics import NativeCollector, NativeMeter
+from observe.metrics.native import NativeCollector, NativeMeter
 from observe.record import RequestRecord
 from observe.stats import EngineSnapshot
 
@@ -55,7 +55,7 @@ def create_prometheus_export(registry=None, extra_readers=(), resource=None,
     """Instruments served on `registry` (prometheus_client's default one unless given,
     so vLLM's own `vllm:*` series are served beside ours on /metrics).
 
-    Kept natively (`observe.native_metrics`, a tenth of the SDK's cost per
+    Kept natively (`observe.metrics.native`, a tenth of the SDK's cost per
     measurement) when Prometheus is the only reader; through an OpenTelemetry meter
     provider when other readers (OTLP export) need the same instruments, `resource`
     naming the service for those. `native` forces one or the other."""
