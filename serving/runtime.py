@@ -38,9 +38,9 @@ from serving.engine.warmup import warm_up
 from serving.guard.live_forecast import ForecastService
 from serving.guard.live_predictor import PredictionService
 from serving.guard.loop import Guard
+from serving.guard.loop_lag import LoopLagMonitor
 from serving.guard.periodic import Periodic
 from serving.keys import KeyRing
-from serving.guard.loop_lag import LoopLagMonitor
 from serving.observer import Observer
 from serving.profiling import start_profiling, stop_profiling
 from serving.quota import SequenceQuota

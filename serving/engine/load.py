@@ -89,8 +89,3 @@ class ResidentBytes:
             except psutil.Error:  # a child that exited: find them again next time
                 self._found_at = -math.inf
         return total
-
-
-def resident_bytes(pid: int | None = None) -> int | None:
-    """RSS of a process and its children, found now."""
-    return ResidentBytes(pid)()

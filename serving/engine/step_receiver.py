@@ -148,10 +148,10 @@ class StepLedger:
             pass
         if self._thread.is_alive():
             self._thread.join(timeout=2)
+        self.drain()  # may write to the wake pipe: close it only after
+        self._publish()
         for fd in (self._wake_r, self._wake_w):
             os.close(fd)
-        self.drain()
-        self._publish()
         self._sock.close()
         settings.withdraw(TAILGUARD_STEP_SOCKET, self.path)
         for path in (self.path, self._dir):
