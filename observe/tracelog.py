@@ -3,7 +3,12 @@
 `add()` only appends to per-table column lists under a lock (a few microseconds, no
 I/O), so the server may call it from the asyncio loop. A daemon thread turns those
 lists into Arrow tables and inserts them every `flush_interval_s`, or sooner when a
-table's buffer fills. The writer never raises a write failure into `add()`.
+table's buffer fills. Tables whose rows come at a steady pace whatever the load
+(`PERIODIC_TABLES`: the engine's seconds, the memory forecast) are written every
+`periodic_flush_s` (ten flush intervals) instead: an INSERT costs DuckDB 2-3 ms of CPU
+whatever its size, and one a second for one row was half of an idle server's CPU.
+An explicit `flush()` writes every table. The writer never raises a write failure
+into `add()`.
 
 A batch that fails to write for a reason of the disk (DuckDB's OperationalError: disk
 full, file too large, read-only file) stays in memory, in order, and is written first
@@ -31,7 +36,13 @@ import pyarrow as pa
 
 from observe.query import QueryError, QueryResult, fetch_rows, run_read_only
 from observe.schema import TABLES, TableSpec, arrow_batches
-from observe.tracelog_setup import BATCH_VIEW, TraceLogConfig, insert_sql, open_writer
+from observe.tracelog_setup import (
+    BATCH_VIEW,
+    PERIODIC_TABLES,
+    TraceLogConfig,
+    insert_sql,
+    open_writer,
+)
 
 # Rows per Arrow conversion call: the flush thread holds the GIL inside each call,
 # so this bounds how long it can stall the event loop (~2 ms for timestamps).
@@ -69,10 +80,10 @@ class TraceLog:
 
     def __init__(self, path: str | Path = ":memory:", *, flush_interval_s: float | None = None,
                  max_buffer_rows: int = 50_000, max_pending_rows: int = 1_000_000,
-                 memory_limit: str | None = None) -> None:
+                 memory_limit: str | None = None, periodic_flush_s: float | None = None) -> None:
         self.path = str(path)
         self.config = TraceLogConfig(flush_interval_s, max_buffer_rows, max_pending_rows,
-                                     memory_limit)
+                                     memory_limit, periodic_flush_s)
         self._conn = open_writer(self.path, self.config.memory_limit)
         self._reader = self._conn.cursor()  # query() cursors hang off this one
         self._buffers = {name: _TableBuffer(spec) for name, spec in TABLES.items()}
@@ -89,6 +100,7 @@ class TraceLog:
         self._last_flush_s = 0.0
         self._failing = False
         self._closed = False
+        self._periodic_due = time.monotonic() + self.config.periodic_flush_s
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tailguard-tracelog", daemon=True)
@@ -117,13 +129,16 @@ class TraceLog:
 
     # --- flushing --------------------------------------------------------------------
     def flush(self) -> bool:
-        """Write every buffered and kept row now (the background thread calls this too).
-        False when a write failed: that batch and every one not tried yet stay kept."""
+        """Write every buffered and kept row now. False when a write failed: that batch
+        and every one not tried yet stay kept."""
+        return self._flush(self._buffers.values())
+
+    def _flush(self, buffers) -> bool:
         with self._flush_lock:
             started = time.perf_counter()
             written = self._written_total()
             ok = True
-            for buffer in self._buffers.values():
+            for buffer in buffers:
                 with self._lock:
                     columns, rows = buffer.take()
                 kept = self._kept[buffer.spec.name]
@@ -186,7 +201,16 @@ class TraceLog:
             self._wake.wait(self.config.flush_interval_s)
             self._wake.clear()
             if not self._stop.is_set():
-                self.flush()
+                self._flush(self._due(time.monotonic()))
+
+    def _due(self, now: float) -> list[_TableBuffer]:
+        """The buffers a background flush writes: all once `periodic_flush_s` has
+        passed, else every table but the periodic ones (unless one is full)."""
+        if now >= self._periodic_due:
+            self._periodic_due = now + self.config.periodic_flush_s
+            return list(self._buffers.values())
+        return [b for b in self._buffers.values() if b.spec.name not in PERIODIC_TABLES
+                or b.rows >= self.config.max_buffer_rows]
 
     # --- lifecycle and reading -------------------------------------------------------
     def close(self) -> None:

@@ -16,6 +16,10 @@ from observe.schema import TableSpec, create_schema
 from observe.settings import TAILGUARD_TRACE_FLUSH_S, TAILGUARD_TRACE_MEMORY
 
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
+# Tables whose rows come at a steady pace whatever the load (one engine second a
+# second, one forecast every 15 s): written every `periodic_flush_s`, not every flush.
+PERIODIC_TABLES: Final = frozenset({"engine_stats", "forecasts"})
+PERIODIC_FLUSHES: Final = 10  # ... once every this many flush intervals (10 s by default)
 # DuckDB's default memory limit is 80% of RAM, and its buffer cache keeps the blocks
 # of a growing file: the server's RSS grew with the trace log (+25 MiB in a 10-minute
 # soak, without end). Cached blocks above the limit are evicted; big queries spill.
@@ -31,6 +35,7 @@ class TraceLogConfig:
     max_buffer_rows: int = 50_000  # one table's buffer this full wakes the flusher
     max_pending_rows: int = 1_000_000  # buffered + kept this many: new rows are dropped
     memory_limit: str | None = None  # None: $TAILGUARD_TRACE_MEMORY, else 512MB
+    periodic_flush_s: float | None = None  # None: PERIODIC_FLUSHES flush intervals
 
     def __post_init__(self) -> None:
         if self.memory_limit is None:
@@ -43,7 +48,10 @@ class TraceLogConfig:
             self.flush_interval_s = settings.number(
                 TAILGUARD_TRACE_FLUSH_S, DEFAULT_FLUSH_INTERVAL_S,
                 complaint="{name} must be a number, got {raw!r}", blank_is_unset=False)
-        for name in ("flush_interval_s", "max_buffer_rows", "max_pending_rows"):
+        if self.periodic_flush_s is None:
+            self.periodic_flush_s = PERIODIC_FLUSHES * self.flush_interval_s
+        for name in ("flush_interval_s", "max_buffer_rows", "max_pending_rows",
+                     "periodic_flush_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 

@@ -95,3 +95,54 @@ def test_a_request_through_record_request_reads_the_same():
 def test_instruments_have_the_sdk_call_shapes(kind):
     method = {Counter: "add", Gauge: "set", Histogram: "record"}[kind]
     assert callable(getattr(kind, method))
+
+
+def served(feed) -> tuple[str, str]:
+    """(what /metrics serves, prometheus_client's own text for the same registry)."""
+    registry = CollectorRegistry()
+    export = create_prometheus_export(registry, native=True)
+    try:
+        feed(RequestMetrics(export.provider.get_meter("tailguard")))
+        return export.exposition().decode(), generate_latest(registry).decode()
+    finally:
+        export.shutdown()
+
+
+def test_the_fast_exposition_writes_what_prometheus_client_writes():
+    fast, reference = served(every_instrument)
+    assert fast == reference
+    assert len(fast.splitlines()) > 1000
+
+
+def test_the_fast_exposition_escapes_hostile_label_values_the_same_way():
+    def feed(metrics):
+        i = metrics.instruments
+        for value in ('a"quote', "back\\slash", "new\nline", "", "ünïcode", "le", "{x}"):
+            i[R.TTFT.prom_name].record(0.2, {R.LABEL_CONTEXT_BUCKET: value})
+            i[R.CLIENT_REQUESTS.prom_name].add(1, {name: value
+                                                   for name in R.CLIENT_REQUESTS.labels})
+        i[R.TTFT.prom_name].record(0.3)  # no attributes: every label empty
+        for _ in range(3):  # counts past a million read in Go's e-form
+            i[R.BATCH_SIZE.prom_name].record(1.0)
+        i[R.BATCH_SIZE.prom_name]._series[()][2] += 1_234_567
+
+    fast, reference = served(feed)
+    assert fast == reference
+    assert 'a\\"quote' in fast and "e+06" in fast
+
+
+def test_the_fast_exposition_serves_other_collectors_too():
+    from prometheus_client import Counter as PromCounter
+
+    registry = CollectorRegistry()
+    export = create_prometheus_export(registry, native=True)
+    try:
+        PromCounter("vllm_like_total", "a collector that is not ours",
+                    registry=registry).inc(3)
+        RequestMetrics(export.provider.get_meter("tailguard")).instruments[
+            R.TTFT.prom_name].record(0.2)
+        body = export.exposition().decode()
+        assert "vllm_like_total 3.0" in body and f"{R.TTFT.prom_name}_count" in body
+        assert sorted(body.splitlines()) == sorted(generate_latest(registry).decode().splitlines())
+    finally:
+        export.shutdown()

@@ -181,6 +181,26 @@ def test_a_full_buffer_wakes_the_flusher_before_the_interval():
         assert log.stats()["flushes"] == 1
 
 
+def test_periodic_tables_wait_for_their_own_interval_and_explicit_flush_writes_them():
+    """engine_stats (one row a second) is written every ten flush intervals, not every
+    flush: an INSERT's fixed cost for one row was half of an idle server's CPU."""
+    with TraceLog(flush_interval_s=0.05) as log:
+        assert log.config.periodic_flush_s == pytest.approx(0.5)
+    with TraceLog(flush_interval_s=0.02, periodic_flush_s=3600) as log:
+        log.add("engine_stats", {"running": 1})
+        log.add("requests", {"request_id": "a"})
+        wait_until(lambda: log.stats()["rows_written"]["requests"] == 1, timeout_s=10)
+        time.sleep(0.1)  # several more background flushes: none writes engine_stats
+        assert log.stats()["rows_written"]["engine_stats"] == 0
+        assert log.flush()
+        assert log.stats()["rows_written"]["engine_stats"] == 1
+    with TraceLog(flush_interval_s=0.02, periodic_flush_s=0.1) as log:
+        log.add("forecasts", {"value": 0.5})
+        wait_until(lambda: log.stats()["rows_written"]["forecasts"] == 1, timeout_s=10)
+    with pytest.raises(ValueError, match="periodic_flush_s must be > 0"):
+        TraceLogConfig(flush_interval_s=1.0, periodic_flush_s=0)
+
+
 def test_flush_interval_comes_from_argument_then_environment_then_default(monkeypatch):
     monkeypatch.setenv(FLUSH_INTERVAL_ENV, "0.25")
     assert TraceLogConfig().flush_interval_s == 0.25

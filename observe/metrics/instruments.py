@@ -43,6 +43,15 @@ class MetricsExport:
     reader: object
     registry: object
 
+    def exposition(self) -> bytes:
+        """The registry's Prometheus text (what /metrics serves): the native collector
+        writes its own families, faster than prometheus_client would."""
+        if isinstance(self.reader, NativeCollector):
+            return self.reader.exposition(self.registry)
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry)
+
     def shutdown(self) -> None:
         """Stops the provider; its reader leaves the registry."""
         self.provider.shutdown()
