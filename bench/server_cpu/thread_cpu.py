@@ -3,8 +3,8 @@ second server beside it, unlike `vs_vllm`), a warm-up, then one workload through
 own benchmark client, with each thread's utime + stime from /proc/PID/task read
 before and after and named by `py-spy dump` (Python does not name OS threads).
 
-    python -m bench.serving.thread_cpu --side tailguard --work saturate
-    python -m bench.serving.thread_cpu --side vllm --work light
+    python -m bench.server_cpu.thread_cpu --side tailguard --work saturate
+    python -m bench.server_cpu.thread_cpu --side vllm --work light
 
 `--work idle` reads 30 s of an idle server (CPU ms per second, not per request).
 """

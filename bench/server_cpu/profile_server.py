@@ -4,9 +4,9 @@ Starts `tailguard serve` (every default on, the loose SLO of the vs-vLLM benchma
 nothing is refused), drives it with vLLM's own benchmark client (a closed loop of
 short requests, as `bench/serving/vs_vllm.py` saturates), and records the server
 process (not the engine core, a child) with py-spy for `--duration` seconds once the
-load runs; then prints the top-N table (`bench/serving/profile_top.py`).
+load runs; then prints the top-N table (`bench/server_cpu/profile_top.py`).
 
-    python -m bench.serving.profile_server --out /tmp/prof.txt --engine-arg=--dtype \
+    python -m bench.server_cpu.profile_server --out /tmp/prof.txt --engine-arg=--dtype \
         --engine-arg=float32
 
 Run it in two checkouts (before and after a change) for a before/after table.
@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.serving import profile_top
+from bench.server_cpu import profile_top
 from bench.serving import vllm_client as C
 from bench.serving.vs_vllm import LOOSE_SLO, NAME, TOKEN, _free_port, start
 from serving.engine.embedded_model import ensure_model

@@ -6,7 +6,7 @@ vLLM (vLLM's own benchmark client, the server process's utime + stime from /proc
 with the degradation policies forced off on both. Make the older checkout with
 `git worktree add /tmp/base REV`; both run with this checkout's virtual environment.
 
-    python -m bench.serving.ab_checkouts /tmp/base . --rounds 5
+    python -m bench.server_cpu.ab_checkouts /tmp/base . --rounds 5
 """
 
 from __future__ import annotations

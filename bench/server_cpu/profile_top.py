@@ -4,7 +4,7 @@ Record the running server under load with py-spy's collapsed-stack output (only
 samples of threads on a CPU, so idle threads and waits do not count):
 
     py-spy record --pid PID --duration 30 --rate 200 --format raw --output prof.txt
-    python -m bench.serving.profile_top prof.txt --top 25
+    python -m bench.server_cpu.profile_top prof.txt --top 25
 
 Each line of the raw format is `frame;frame;...;frame COUNT`, a frame being
 `function (file:line)`. The table gives, per function (file and name, lines merged),
