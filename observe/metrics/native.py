@@ -125,10 +125,12 @@ class NativeCollector:
     """A prometheus_client collector over every native instrument made by its meters.
 
     `render()` writes the same text that prometheus_client's `generate_latest` writes
-    for `collect()`'s families, five times faster: a scrape of the server's ~2,700
-    histogram lines took 27 ms of CPU on the event loop through sample objects, label
-    dicts sorted and escaped per line. Here a series' labels are escaped once and each
-    line is one format."""
+    for `collect()`'s families, about 13x faster (every registry instrument fed: 45 ms
+    -> 3.4 ms): prometheus_client makes a sample object and a label dict, sorted and
+    escaped, for each of the server's ~2,700 histogram lines, and a scrape of the
+    running server cost 33.5 ms of CPU on the event loop (8.5 ms since, vLLM's own
+    series included). Here a series' labels are escaped once and each line is one
+    format."""
 
     def __init__(self):
         self.lock = threading.Lock()
