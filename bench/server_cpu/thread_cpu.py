@@ -22,11 +22,17 @@ import time
 from pathlib import Path
 
 from bench.serving import vllm_client as C
-from bench.serving.vs_vllm import NAME, TOKEN, _free_port, force_policies_off, start
+from bench.serving.vs_vllm import (
+    NAME,
+    TOKEN,
+    _free_port,
+    force_policies_off,
+    start,
+    vllm_command,
+)
 from serving.engine.allocator import find_tcmalloc
 from serving.engine.embedded_model import ensure_model
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 WORKLOADS = {"light": (C.light(4.0, 8), C.light(1.0, 40)),
              "saturate": (C.saturate(16, 48), C.saturate(16, 320))}
 
@@ -36,11 +42,9 @@ def thread_cpu(pid: int) -> dict[int, float]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = C.stat_cpu_s(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return out
 
 
@@ -55,10 +59,7 @@ def thread_names(pid: int) -> dict[int, str]:
 def command(side: str, port: int, tmp: str) -> tuple[list[str], dict]:
     model = str(ensure_model())
     if side == "vllm":
-        return ([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                 "--served-model-name", NAME, "--enforce-eager", "--port", str(port),
-                 "--host", "127.0.0.1", "--distributed-executor-backend", "uni",
-                 "--disable-uvicorn-access-log", "--dtype", "float32"],
+        return (vllm_command(model, port, ["--dtype", "float32"]),
                 dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", LD_PRELOAD=find_tcmalloc() or ""))
     return ([sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db",
              f"{tmp}/trace.duckdb", "--", "--dtype", "float32"],

@@ -45,7 +45,13 @@ def saturate(concurrency: int, prompts: int) -> Workload:
 
 def process_cpu_s(pid: int) -> float:
     """utime + stime of every thread of the process (not its children)."""
-    with open(f"/proc/{pid}/stat") as stat:
+    return stat_cpu_s(f"/proc/{pid}/stat")
+
+
+def stat_cpu_s(path: str) -> float:
+    """utime + stime from a /proc stat file: a process's, or one thread's
+    (/proc/PID/task/TID/stat). OSError when it has gone."""
+    with open(path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 

@@ -85,6 +85,14 @@ def start(cmd: list[str], url: str, log: Path, env: dict) -> subprocess.Popen:
     sys.exit(f"not ready: {log}")
 
 
+def vllm_command(model: str, port: int, engine_args: list[str]) -> list[str]:
+    """vLLM's own OpenAI server as its CPU guide runs it: eager, in-process executor."""
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--served-model-name", NAME, "--enforce-eager", "--port", str(port),
+            "--host", "127.0.0.1", "--distributed-executor-backend", "uni",
+            "--disable-uvicorn-access-log", *engine_args]
+
+
 def servers(tmp: Path, engine_args: list[str], policies: str) -> dict:
     """Both servers on the same engine flags: the dtype tailguard would choose for this
     CPU (float32 where bfloat16 is emulated) is given to vLLM too, unless set."""
@@ -101,10 +109,7 @@ def servers(tmp: Path, engine_args: list[str], policies: str) -> dict:
                  "--db", str(tmp / "trace.duckdb")]
     if policies == "auto":
         tailguard += ["--slo", str(LOOSE_SLO)]
-    vllm = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--served-model-name", NAME, "--enforce-eager", "--port", str(ports["vllm"]),
-            "--host", "127.0.0.1", "--distributed-executor-backend", "uni",
-            "--disable-uvicorn-access-log", *engine_args]
+    vllm = vllm_command(model, ports["vllm"], engine_args)
     return {"vllm": (urls["vllm"], start(vllm, urls["vllm"], tmp / "vllm.log",
                                          dict(base, LD_PRELOAD=tcmalloc))),
             "tailguard": (urls["tailguard"],

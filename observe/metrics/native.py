@@ -172,6 +172,17 @@ class NativeCollector:
         pass
 
 
+def _label_names(instrument: _Instrument) -> list[str]:
+    """Every label a series of `instrument` shows (an unset one as ""), sorted."""
+    return sorted(set(instrument._labels) | set(_SCOPE_LABELS))
+
+
+def _scope(instrument: _Instrument) -> dict[str, str]:
+    """The `otel_scope_*` labels the SDK's exporter adds to every series."""
+    return {"otel_scope_name": instrument.scope, "otel_scope_schema_url": "",
+            "otel_scope_version": ""}
+
+
 def _family(instrument: _Instrument, samples):
     from prometheus_client.core import (
         CounterMetricFamily,
@@ -180,9 +191,7 @@ def _family(instrument: _Instrument, samples):
     )
 
     metric = instrument.metric
-    names = sorted(set(instrument._labels) | set(_SCOPE_LABELS))
-    scope = {"otel_scope_name": instrument.scope, "otel_scope_schema_url": "",
-             "otel_scope_version": ""}
+    names, scope = _label_names(instrument), _scope(instrument)
     factory = {"histogram": HistogramMetricFamily, "counter": CounterMetricFamily,
                "gauge": GaugeMetricFamily}[metric.kind]
     family = factory(metric.prom_name, metric.description, labels=names)
@@ -207,9 +216,7 @@ def _render(instrument: _Instrument, samples, out: list[str]) -> None:
     shown = f"{name.removesuffix('_total')}_total" if kind == "counter" else name
     help_text = metric.description.replace("\\", r"\\").replace("\n", r"\n")
     out.append(f"# HELP {shown} {help_text}\n# TYPE {shown} {kind}\n")
-    names = sorted(set(instrument._labels) | set(_SCOPE_LABELS))  # every one, as _family
-    scope = {"otel_scope_name": instrument.scope, "otel_scope_schema_url": "",
-             "otel_scope_version": ""}
+    names, scope = _label_names(instrument), _scope(instrument)
     for key, value in samples:
         labels = {**scope, **dict(zip(instrument._labels, key))}
         pairs = [(k, f'{k}="{_escape(labels.get(k, ""), ALLOWUTF8, False)}"') for k in names]
