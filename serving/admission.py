@@ -7,8 +7,9 @@ Two points, because what is known grows on the way in:
   deadline check (`slo.policy.feasibility`: can its first token still come in time
   given the work ahead of it in its lane? if not, truncate where a policy allows it
   and that suffices, else refuse at once with 429 and the predicted drain time as
-  Retry-After), its predicted latency, then the concurrency limiter (VIP, realtime,
-  batch lanes) and any injected fault.
+  Retry-After), its predicted latency, any injected fault, then the limiter: a
+  concurrency limit and a prefill gate in front of the engine, VIP, realtime and batch
+  lanes, earliest deadline first within each (`serving.limiter`).
 Each decision lands in the record's `policy_actions` (its span and row); a refusal
 comes back as a `Refusal` value, which the HTTP layer answers (`serving.errors`).
 The policy loop hands admission its decisions through `publish()`.
@@ -16,6 +17,7 @@ The policy loop hands admission its decisions through `publish()`.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -133,15 +135,19 @@ class Admission:
             raise
         return Admitted(prompt, prompt_tokens)
 
-    def work_ahead(self, lane: str, load: AdmissionLoad, now: float) -> F.WorkAhead:
-        """What stands between a newcomer in `lane` and its first token: prompt tokens
-        in the engine not yet prefilled (any lane: the engine serves them in order)
-        and those waiting for a slot in its lane or a lane before it."""
+    def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
+                   deadline: float = float("inf")) -> F.WorkAhead:
+        """What stands between a newcomer in `lane` due at `deadline` and its first
+        token: prompt tokens in the engine not yet prefilled (any lane: the engine
+        serves them in order) and those the limiter will let in before it (the lanes
+        before its own, and those in its own due earlier)."""
         waiting_all = self.limiter.waiting_tokens()
         in_engine = max(0, load.pending_prefill_tokens - waiting_all)
         running = load.running_requests
-        return F.WorkAhead(in_engine + self.limiter.waiting_tokens(lane), running,
-                           F.step_in_progress_s(self.engine_model.model, running, in_engine),
+        ahead = self.limiter.waiting_tokens(lane, deadline)
+        return F.WorkAhead(in_engine + ahead, running,
+                           F.step_in_progress_s(self.engine_model.model, running, in_engine,
+                                                self.engine_model.since_last_step_s(now)),
                            self.limiter.slot_wait_s(lane, now))
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
@@ -153,7 +159,8 @@ class Admission:
             return None
         now = time.monotonic()
         check = F.judge(self.engine_model.model, prompt_tokens,
-                        self.work_ahead(lane, load, now), rec.arrival + target - now,
+                        self.work_ahead(lane, load, now, rec.arrival + target),
+                        rec.arrival + target - now,
                         vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
@@ -189,28 +196,55 @@ class Admission:
         as long as its first token can still come in time after it gets a slot; past
         that it moves to the batch lane, and the realtime lane keeps only requests that
         still can."""
+        deadline = None if target is None else rec.arrival + target
         if d.deadline_margin is not None and target is not None \
                 and lane == R.PRIORITY_REALTIME:
             own = F.prefill_s(self.engine_model.model, prompt_tokens, 0)
             left = target - (time.monotonic() - rec.arrival) - own
             try:
-                await self.limiter.acquire(lane, max(0.0, left), prompt_tokens)
+                await self.limiter.acquire(lane, max(0.0, left), prompt_tokens, deadline)
                 return
             except LimiterTimeout:
                 rec.priority = lane = R.PRIORITY_BATCH
                 rec.policy_actions.append("demote:deadline")
-        await self.limiter.acquire(lane, tokens=prompt_tokens)
+        await self.limiter.acquire(lane, tokens=prompt_tokens, deadline=deadline)
 
     def first_token(self, prompt_tokens: int) -> None:
         """Its prefill is done: no longer work ahead of newcomers."""
         self.load.release(prompt_tokens)
+        self.limiter.prefilled(prompt_tokens)
 
     def release(self, prompt_tokens: int, pending: bool) -> None:
         """The engine request ended (admitted by `admit`, which took its slot);
         `pending`: it never got a first token."""
         if pending:
             self.load.release(prompt_tokens)
-        self.limiter.release()
+        self.limiter.release(prompt_tokens if pending else 0)
+
+
+class PrefillEnd:
+    """Tells admission once that a request's prompt is prefilled: from the step probe
+    (every request, on the ledger's thread) or its first output (streamed ones),
+    whichever comes first, and never after the request has ended."""
+
+    __slots__ = ("admission", "prompt_tokens", "loop", "pending")
+
+    def __init__(self, admission: "Admission | None", prompt_tokens: int, loop: asyncio.AbstractEventLoop):
+        self.admission, self.prompt_tokens, self.loop = admission, prompt_tokens, loop
+        self.pending = admission is not None
+
+    def from_any_thread(self) -> None:
+        self.loop.call_soon_threadsafe(self.ended)
+
+    def ended(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.admission.first_token(self.prompt_tokens)
+
+    def close(self) -> bool:
+        """The request ended; returns whether its prompt was still pending."""
+        pending, self.pending = self.pending, False
+        return pending
 
 
 def _truncated(prompt, keep: int):

@@ -1,20 +1,35 @@
-"""The concurrency limit in front of the engine, with three lanes.
+"""The gate in front of the engine: a concurrency limit and a prefill gate, with three
+lanes.
 
-A request holds a slot from admission until its engine request ends. When all slots
-are taken, arrivals wait in their lane: VIP, then realtime, then batch, first come
-first served within a lane. The limit can change at any time (the policies move it);
-lowering it never interrupts requests that already hold a slot.
+A request holds a slot from admission until its engine request ends. It enters the
+engine only while a slot is free and, when the prefill gate is on, while the prompt
+tokens already in the engine and not yet prefilled leave room for its own (at most
+`prefill_gate` tokens ahead of it, about one engine step; a prompt longer than the
+gate enters an engine with no prefill pending). Why the gate: vLLM prefills what it
+holds in arrival order, and a step in progress is never interrupted, so a request
+sent to the engine behind 16 long documents waits for all of them whatever its lane.
+Held in front instead, waiters are ordered by what matters for the SLO: VIP, then
+realtime, then batch, and earliest deadline first within a lane (a short chat prompt
+with 0.2 s to go before a document with 1.5 s). A prompt that does not fit waits and
+nobody passes it, so a long document is never starved; the engine keeps about a
+step's worth of prefill queued, so its steps stay full.
 
-For the deadline check it also knows what waits in each lane (requests and their
-prompt tokens) and how fast slots free up (releases per second, recent), so it can
-say how long a newcomer in a lane would wait for a slot.
+The limit and the gate can change at any time (the policies move them); lowering
+either never interrupts requests already in the engine.
+
+For the deadline check it also knows what waits in each lane (requests, prompt
+tokens, deadlines) and how fast slots free up (releases per second, recent), so it
+can say how long a newcomer in a lane would wait for a slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Final
 
 from observe import registry as R
@@ -28,13 +43,24 @@ class LimiterTimeout(Exception):
     """A request waited longer than the limiter allows."""
 
 
+@dataclass(order=True, slots=True)
+class _Waiter:
+    deadline: float
+    seq: int  # first come first served among equal deadlines
+    tokens: int = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+
+
 class Limiter:
-    def __init__(self, limit: int, max_wait_s: float = 120.0):
+    def __init__(self, limit: int, max_wait_s: float = 120.0, prefill_gate: int | None = None):
         self._limit = max(1, limit)
+        self._gate = prefill_gate
         self.max_wait_s = max_wait_s
         self.in_flight = 0
-        self._lanes: dict[str, deque[asyncio.Future]] = {lane: deque() for lane in LANES}
-        self._lane_tokens = dict.fromkeys(LANES, 0)
+        self.engine_prefill_tokens = 0  # in the engine, first token not yet out
+        self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
+        self._waiting = 0
+        self._seq = itertools.count()
         self._releases: deque[float] = deque()
 
     @property
@@ -47,68 +73,126 @@ class Limiter:
         self._wake()
 
     @property
-    def waiting(self) -> int:
-        return sum(len(lane) for lane in self._lanes.values())
+    def prefill_gate(self) -> int | None:
+        return self._gate
 
-    def waiting_tokens(self, through_lane: str | None = None) -> int:
-        """Prompt tokens waiting for a slot in `through_lane` and the lanes before it
-        (all lanes when None)."""
+    @prefill_gate.setter
+    def prefill_gate(self, tokens: int | None) -> None:
+        self._gate = None if tokens is None else max(1, int(tokens))
+        self._wake()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def slots_full(self) -> bool:
+        """Requests wait because every slot is taken (not merely at the prefill gate)."""
+        return self._waiting > 0 and self.in_flight >= self._limit
+
+    def waiting_tokens(self, through_lane: str | None = None,
+                       deadline: float = float("inf")) -> int:
+        """Prompt tokens waiting in the lanes before `through_lane` and in it those due
+        by `deadline` (all lanes and all deadlines when None): what is served before a
+        newcomer to that lane with that deadline."""
         end = len(LANES) if through_lane is None else LANES.index(through_lane) + 1
-        return sum(self._lane_tokens[lane] for lane in LANES[:end])
+        total = 0
+        for lane in LANES[:end]:
+            last = lane == LANES[end - 1]
+            total += sum(w.tokens for w in self._lanes[lane]
+                         if not last or w.deadline <= deadline)
+        return total
 
     def slot_wait_s(self, lane: str, now: float | None = None) -> float:
         """Expected wait for a slot for a newcomer in `lane`: none while a slot is free
-        and nobody ahead waits; else one release per request ahead (and itself), at
-        the recent release rate (infinite when nothing has been released lately)."""
+        (a wait at the prefill gate is the work ahead, which the deadline check counts
+        as prefill); else one release per request ahead (and itself), at the recent
+        release rate (infinite when nothing has been released lately)."""
+        if self.in_flight < self._limit:
+            return 0.0
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])
-        if self.in_flight < self._limit and not ahead:
-            return 0.0
         now = time.monotonic() if now is None else now
         self._forget_releases(now)
         if not self._releases:
             return float("inf")
         return (ahead + 1) * RELEASE_WINDOW_S / len(self._releases)
 
-    async def acquire(self, lane: str, timeout_s: float | None = None, tokens: int = 0) -> None:
-        """Take a slot, waiting at most `timeout_s` (and never past `max_wait_s`)."""
-        if self.in_flight < self._limit and not self.waiting:
-            self.in_flight += 1
+    async def acquire(self, lane: str, timeout_s: float | None = None, tokens: int = 0,
+                      deadline: float | None = None) -> None:
+        """Enter the engine with `tokens` of prompt, waiting at most `timeout_s` (and
+        never past `max_wait_s`); `deadline` orders the lane (default: now, i.e. first
+        come first served)."""
+        if not self._waiting and self._fits(tokens):
+            self._enter(tokens)
             return
         wait = self.max_wait_s if timeout_s is None else min(timeout_s, self.max_wait_s)
-        waiter = asyncio.get_running_loop().create_future()
-        self._lanes[lane].append(waiter)
-        self._lane_tokens[lane] += tokens
+        due = time.monotonic() if deadline is None else deadline
+        waiter = _Waiter(due, next(self._seq), tokens,
+                         asyncio.get_running_loop().create_future())
+        heapq.heappush(self._lanes[lane], waiter)
+        self._waiting += 1
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), wait)
+            await asyncio.wait_for(asyncio.shield(waiter.future), wait)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # the slot came just as we gave up: pass it on
+            if waiter.future.done() and not waiter.future.cancelled():
+                self.release(tokens)  # it entered just as we gave up: pass the room on
             else:
-                waiter.cancel()
-                self._lanes[lane].remove(waiter)
+                waiter.future.cancel()
+                self._forget(lane, waiter)
             if isinstance(exc, asyncio.TimeoutError):
                 raise LimiterTimeout(f"waited {wait:g} s for an engine slot")
             raise
-        finally:
-            self._lane_tokens[lane] -= tokens
 
-    def release(self) -> None:
+    def prefilled(self, tokens: int) -> None:
+        """A request's first token is out: its prompt no longer stands at the gate."""
+        self.engine_prefill_tokens -= tokens
+        self._wake()
+
+    def release(self, pending_tokens: int = 0) -> None:
+        """A request left the engine; `pending_tokens`: its prompt, if it left before
+        its first token (else 0: `prefilled` already took it off)."""
         self.in_flight -= 1
+        self.engine_prefill_tokens -= pending_tokens
         now = time.monotonic()
         self._releases.append(now)
         self._forget_releases(now)
         self._wake()
+
+    def _fits(self, tokens: int) -> bool:
+        if self.in_flight >= self._limit:
+            return False
+        gate, ahead = self._gate, self.engine_prefill_tokens
+        return gate is None or ahead <= 0 or ahead + tokens <= gate
+
+    def _enter(self, tokens: int) -> None:
+        self.in_flight += 1
+        self.engine_prefill_tokens += tokens
+
+    def _forget(self, lane: str, waiter: _Waiter) -> None:
+        heap = self._lanes[lane]
+        if waiter not in heap:
+            return
+        heap.remove(waiter)
+        heapq.heapify(heap)
+        self._waiting -= 1
+        self._wake()  # it may have held back the ones behind it at the gate
 
     def _forget_releases(self, now: float) -> None:
         while self._releases and self._releases[0] < now - RELEASE_WINDOW_S:
             self._releases.popleft()
 
     def _wake(self) -> None:
-        for lane in LANES:  # VIP first, then realtime, then batch
-            queue = self._lanes[lane]
-            while queue and self.in_flight < self._limit:
-                waiter = queue.popleft()
-                if not waiter.done():
-                    self.in_flight += 1
-                    waiter.set_result(None)
+        """Hand the room out in lane order, earliest deadline first; stop at the first
+        waiter that does not fit, so nobody passes it."""
+        for lane in LANES:
+            heap = self._lanes[lane]
+            while heap:
+                head = heap[0]
+                if not self._fits(head.tokens):
+                    return
+                heapq.heappop(heap)
+                self._waiting -= 1
+                if not head.future.done():
+                    self._enter(head.tokens)
+                    head.future.set_result(None)

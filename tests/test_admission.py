@@ -13,7 +13,7 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
-from serving.admission import Admission, Refusal
+from serving.admission import Admission, PrefillEnd, Refusal
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.load import LoadTracker
 from serving.engine.stats import EngineSecond
@@ -160,6 +160,63 @@ def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
 
     assert asyncio.run(scenario()) == {"vip": 350, R.PRIORITY_REALTIME: 1050,
                                        R.PRIORITY_BATCH: 10_050}
+
+
+def test_an_admitted_prompt_stands_at_the_prefill_gate_until_its_first_token():
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        admitted = await adm.admit(_record(), _prompt(300), 300, 16)
+        held = adm.limiter.engine_prefill_tokens
+        adm.first_token(admitted.prompt_tokens)
+        after_first = adm.limiter.engine_prefill_tokens
+        adm.release(admitted.prompt_tokens, pending=False)
+        failed = await adm.admit(_record(), _prompt(200), 200, 16)
+        adm.release(failed.prompt_tokens, pending=True)  # ended before a first token
+        return held, after_first, adm.limiter.engine_prefill_tokens, adm.limiter.in_flight
+    assert asyncio.run(scenario()) == (300, 0, 0, 0)
+
+
+def test_a_prompt_ends_once_whichever_signal_comes_first_and_never_after_the_end():
+    """The step probe (from its thread) and a streamed first output both say a prompt
+    is prefilled: admission hears it once; a request that ended first hears nothing."""
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        loop, seen = asyncio.get_running_loop(), []
+        first = await adm.admit(_record(), _prompt(300), 300, 16)
+        second = await adm.admit(_record(), _prompt(200), 200, 16)
+        probe = PrefillEnd(adm, first.prompt_tokens, loop)
+        await loop.run_in_executor(None, probe.from_any_thread)
+        await asyncio.sleep(0)
+        seen.append(adm.limiter.engine_prefill_tokens)  # the first prompt is done
+        probe.ended()  # its first output: already counted
+        seen.append((adm.limiter.engine_prefill_tokens, probe.close()))
+        late = PrefillEnd(adm, second.prompt_tokens, loop)
+        pending = late.close()  # ended (aborted) before its prompt was done
+        late.from_any_thread()
+        await asyncio.sleep(0)
+        adm.release(first.prompt_tokens, False)
+        adm.release(second.prompt_tokens, pending)
+        return seen, pending, adm.limiter.engine_prefill_tokens, adm.load.admit(0)
+    seen, pending, left, load = asyncio.run(scenario())
+    assert seen == [200, (200, False)] and pending is True
+    assert left == 0 and load.pending_prefill_tokens == 0
+
+
+def test_work_ahead_in_its_own_lane_counts_only_those_due_before_it():
+    async def scenario():
+        adm = _admission(Decisions(1, **DEADLINE), 0.5, limit=1)
+        await adm.limiter.acquire(R.PRIORITY_REALTIME)
+        waiters = [asyncio.create_task(adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=t,
+                                                           deadline=d))
+                   for t, d in ((400, 10.0), (100, 20.0))]
+        await asyncio.sleep(0.01)
+        load, now = adm.load.admit(0), time.monotonic()
+        out = [adm.work_ahead(R.PRIORITY_REALTIME, load, now, due).prefill_tokens
+               for due in (5.0, 15.0, 25.0)]
+        for w in waiters:
+            w.cancel()
+        return out
+    assert asyncio.run(scenario()) == [0, 400, 500]
 
 
 def test_the_limiter_serves_realtime_before_batch_and_fifo_within_a_lane():

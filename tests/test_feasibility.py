@@ -109,3 +109,16 @@ def test_retry_after_is_capped_and_whole():
 def test_the_step_in_progress_is_half_the_step_the_engine_is_taking(running, tokens,
                                                                     expected_s):
     assert F.step_in_progress_s(MODEL, running, tokens) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize("since_s,expected_s", [
+    (0.0, 0.06),  # the step began as the last one ended: all of it is left
+    (0.02, 0.04),
+    (0.059, 0.001),
+    (0.061, 0.03),  # overdue (or a later step not yet reported): phase unknown, half
+    (5.0, 0.03),  # the engine was idle until this work came: half
+    (None, 0.03),  # no step seen yet
+])
+def test_the_step_in_progress_is_what_is_left_of_it_since_the_last_step_ended(
+        since_s, expected_s):
+    assert F.step_in_progress_s(MODEL, 0, 500, since_s) == pytest.approx(expected_s)

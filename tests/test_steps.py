@@ -9,7 +9,7 @@ import pytest
 from observe.settings import TAILGUARD_STEP_SOCKET as ENV_STEP_SOCKET
 from observe.stats import StepRecord
 from serving.engine.stats import EngineSecond
-from serving.engine.step_plugin import StepSender
+from serving.engine.step_plugin import StepSender, prefill_ends
 from serving.engine.step_receiver import StepLedger, external_id
 
 
@@ -114,3 +114,58 @@ def test_engine_second_takes_and_resets():
     empty = second.take(now=6.0)
     assert (empty.steps, empty.generation_tokens, empty.running) == (0, 0, 4)
     assert empty.mean_step_s is None
+
+
+def _new(req_id: str, prompt: int, computed: int = 0) -> SimpleNamespace:
+    return SimpleNamespace(req_id=req_id, prompt_token_ids=[0] * prompt,
+                           num_computed_tokens=computed)
+
+
+@pytest.mark.parametrize("new, cached, states, scheduled, ends", [
+    # a whole prompt in one step: its first token comes out of it
+    ([_new("a", 300)], [], {}, {"a": 300}, ["a"]),
+    # a prefix-cache hit of 256: the rest finishes it
+    ([_new("a", 300, computed=256)], [], {}, {"a": 44}, ["a"]),
+    # chunked: the first 2,048 of a 4,000-token prompt do not
+    ([_new("a", 4000)], [], {}, {"a": 2048}, []),
+    # ... the last chunk does, a request already decoding does not again
+    ([], [("a", 2048), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1952, "b": 1}, ["a"]),
+    # a request the runner no longer holds is skipped, not a crash
+    ([], [("gone", 10)], {}, {"gone": 1}, []),
+])
+def test_the_probe_names_the_requests_whose_prompt_a_step_finishes(new, cached, states,
+                                                                   scheduled, ends):
+    output = SimpleNamespace(
+        num_scheduled_tokens=scheduled, scheduled_new_reqs=new,
+        scheduled_cached_reqs=SimpleNamespace(req_ids=[c[0] for c in cached],
+                                              num_computed_tokens=[c[1] for c in cached]))
+    runner = SimpleNamespace(requests={k: SimpleNamespace(num_prompt_tokens=v)
+                                       for k, v in states.items()})
+    assert prefill_ends(runner, output) == ends
+
+
+def test_a_finished_prompt_calls_its_requests_hook_once(ledger):
+    calls = []
+    ledger.track("cmpl-abc-0", owner="abc", on_prefilled=lambda: calls.append("abc"))
+    sender = StepSender(ledger.path)
+    new = SimpleNamespace(num_scheduled_tokens={"cmpl-abc-0-1a2b3c4d": 7},
+                          total_num_scheduled_tokens=7, scheduled_new_reqs=[_new("cmpl-abc-0-1a2b3c4d", 7)],
+                          scheduled_cached_reqs=SimpleNamespace(req_ids=[],
+                                                                num_computed_tokens=[]))
+    sender.forward_starts(SimpleNamespace(requests={}), new)
+    sender.forward_done(1.0, 1.01, new)
+    sender.sampling_done(1.01, 1.02)
+    _step(sender, 1.1, 0.005, 0.001, {"cmpl-abc-0-1a2b3c4d": 1})  # decoding: no call
+    assert ledger.drain() == 2
+    assert calls == ["abc"]
+
+
+def test_a_probe_that_cannot_read_the_step_still_sends_it(ledger):
+    """vLLM's internals moved: the step still counts, the server falls back on outputs."""
+    sender = StepSender(ledger.path)
+    broken = SimpleNamespace(num_scheduled_tokens={"x-00000000": 3},
+                             total_num_scheduled_tokens=3)
+    sender.forward_starts(SimpleNamespace(), broken)
+    sender.forward_done(2.0, 2.5, broken)
+    sender.send(0.0)
+    assert ledger.drain() == 1

@@ -106,6 +106,8 @@ def main() -> None:
     ap.add_argument("--no-drill", action="store_true", help="the surge rounds only")
     ap.add_argument("--latency-model", help="a trained latency model (tailguard predict "
                     "train); default: none (the live engine model's queue estimate)")
+    ap.add_argument("--policies", help="a policy settings file for the server "
+                    "(tailguard serve --policies), e.g. to compare prefill_gate_steps")
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="a vLLM engine argument, repeatable (e.g. --engine-arg=--dtype "
                     "--engine-arg=float32)")
@@ -113,7 +115,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{args.port}"
     factors = [float(f) for f in args.factors.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        server = start(Path(tmp), args.port, args.latency_model, tuple(args.engine_arg))
+        server = start(Path(tmp), args.port, args.latency_model, tuple(args.engine_arg),
+                       args.policies)
         try:
             rows = {f: surge_rounds(url, args.rounds, args.rate, args.duration, f, args.seed)
                     for f in factors}

@@ -29,8 +29,9 @@ POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressur
 
 
 def start(tmp: Path, port: int, latency_model: str | None,
-          engine_args: tuple[str, ...] = ()) -> subprocess.Popen:
-    """`engine_args`: more vLLM engine arguments (e.g. `--dtype float32`)."""
+          engine_args: tuple[str, ...] = (), policies: str | None = None) -> subprocess.Popen:
+    """`engine_args`: more vLLM engine arguments (e.g. `--dtype float32`); `policies`:
+    a policy settings file (`tailguard serve --policies`)."""
     (tmp / "keys.yaml").write_text(KEYS_YAML)
     if latency_model:  # what the server would have learnt from earlier traffic
         (tmp / "models").mkdir()
@@ -38,6 +39,7 @@ def start(tmp: Path, port: int, latency_model: str | None,
     serve = ["--db", str(tmp / "trace.duckdb"), "--keys", str(tmp / "keys.yaml"),
              "--enable-fault-injection", "--retrain-interval", "0",
              "--model-dir", str(tmp / "models"),
+             *(["--policies", policies] if policies else []),
              "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024), *engine_args]
     env = {**os.environ, "TAILGUARD_ADMIN_TOKEN": TOKEN}
     return start_tailguard(port, serve, tmp / "server.log", env)

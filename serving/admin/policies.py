@@ -56,7 +56,9 @@ def create_policy_router(runtime) -> APIRouter:
                           "active": list(guard.engine.decisions.active)},
             "signals": dataclasses.asdict(signals) if signals else None,
             "limiter": {"limit": guard.limiter.limit, "in_flight": guard.limiter.in_flight,
-                        "waiting": guard.limiter.waiting},
+                        "waiting": guard.limiter.waiting,
+                        "prefill_gate_tokens": guard.limiter.prefill_gate,
+                        "engine_prefill_tokens": guard.limiter.engine_prefill_tokens},
             # what the deadline check estimates with: the live engine model and the
             # online calibration of its estimate
             "engine_model": runtime.engine_model.describe(),

@@ -86,6 +86,10 @@ class LiveEngineModel:
         return {**out, "source": "live" if self.model.steps_fitted else "prior",
                 "steps_seen": self._seen}
 
+    def since_last_step_s(self, now: float) -> float | None:
+        """Seconds since the engine's last step ended (None before its first)."""
+        return now - self.last_step_end if self.last_step_end else None
+
     def stalled_s(self, now: float, pending: bool) -> float:
         """Seconds the engine has taken no step while work waits for it: since its last
         step or since the work began to wait (an engine idle for a minute is not

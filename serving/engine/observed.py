@@ -25,7 +25,7 @@ import psutil
 
 from observe.record import RequestRecord
 from observe.stats import WallClock
-from serving.admission import Admitted, Refusal
+from serving.admission import Admitted, PrefillEnd, Refusal
 from serving.engine.failures import (
     ENGINE_DEAD,
     ENGINE_HUNG,
@@ -251,9 +251,11 @@ class ObservedEngine:
         """Drain one engine request into `mailbox`; on its end (finished, failed or
         aborted) free its slot, untrack its steps and add its outcome to the record."""
         request_id, admission = call[2], self._admission
-        self._ledger.track(request_id, rec.tally, rec.request_id)
+        prefill = PrefillEnd(admission, prompt_tokens, asyncio.get_running_loop())
+        self._ledger.track(request_id, rec.tally, rec.request_id,
+                           None if admission is None else prefill.from_any_thread)
         deltas = is_delta(call[1])
-        last, tokens, pending = None, 0, admission is not None
+        last, tokens = None, 0
         if self.in_flight == 0:
             self._progress_at = time.monotonic()  # the watchdog's clock starts now
         self.in_flight += 1
@@ -263,9 +265,8 @@ class ObservedEngine:
                 new = sum(len(o.token_ids) for o in last.outputs)
                 if new and rec.first_token is None:
                     rec.first_token = time.monotonic()
-                if new and pending:
-                    pending = False
-                    admission.first_token(prompt_tokens)
+                if new:
+                    prefill.ended()
                 tokens = tokens + new if deltas else new
                 mailbox.put(last)
             if last is None or not last.finished:
@@ -276,7 +277,7 @@ class ObservedEngine:
         finally:
             self.in_flight -= 1
             if admission is not None:
-                admission.release(prompt_tokens, pending)
+                admission.release(prompt_tokens, prefill.close())
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 absorb(rec, last, tokens, self._clock)

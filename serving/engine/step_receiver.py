@@ -43,7 +43,7 @@ class StepLedger:
         self._sock.bind(self.path)
         self._sock.setblocking(False)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self._tallies: dict[str, tuple[SamplingTally, str]] = {}
+        self._tallies: dict[str, tuple[SamplingTally, str, Callable[[], None] | None]] = {}
         self._lock = threading.Lock()
         self._consumers = list(consumers or [])
         self._poll_s = poll_s
@@ -67,12 +67,14 @@ class StepLedger:
         self._consumers.append(consumer)
 
     def track(self, engine_id: str, tally: SamplingTally | None = None,
-              owner: str | None = None) -> SamplingTally:
+              owner: str | None = None,
+              on_prefilled: Callable[[], None] | None = None) -> SamplingTally:
         """Credit the steps of engine request `engine_id` to `tally` from now on, and
-        name it `owner` (the HTTP request id) in published steps."""
+        name it `owner` (the HTTP request id) in published steps. `on_prefilled` is
+        called (on whichever thread drains) when a step finishes its prompt."""
         tally = tally if tally is not None else SamplingTally()
         with self._lock:
-            self._tallies[engine_id] = (tally, owner or engine_id)
+            self._tallies[engine_id] = (tally, owner or engine_id, on_prefilled)
         return tally
 
     def untrack(self, request_id: str) -> None:
@@ -102,15 +104,23 @@ class StepLedger:
 
     def _apply(self, data: bytes) -> StepRecord | None:
         try:
-            index, start, forward_s, sampling_s, tokens, internal_ids = json.loads(data)
+            index, start, forward_s, sampling_s, tokens, internal_ids, prefilled = \
+                json.loads(data)
         except ValueError:
             return None
         owners = []
         for engine_id in map(external_id, internal_ids):
-            tally, owner = self._tallies.get(engine_id, (None, engine_id))
+            tally, owner, _ = self._tallies.get(engine_id, (None, engine_id, None))
             if tally is not None:
                 tally.add(start, forward_s + sampling_s, sampling_s)
             owners.append(owner)
+        for engine_id in map(external_id, prefilled):
+            on_prefilled = self._tallies.get(engine_id, (None, None, None))[2]
+            if on_prefilled is not None:
+                try:
+                    on_prefilled()
+                except Exception:  # a broken hook must not stop step accounting
+                    log.exception("prefill hook failed")
         self.steps_seen += 1
         return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners))
 
@@ -167,7 +177,7 @@ class NoStepLedger:
 
     steps_seen = 0
 
-    def track(self, *args) -> None:
+    def track(self, *args, **kwargs) -> None:
         pass
 
     def untrack(self, *args) -> None:

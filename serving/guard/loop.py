@@ -116,9 +116,12 @@ class Guard:
             kv_usage=runtime.second.kv_cache_usage, kv_forecast=runtime.forecast.latest,
             stalled_s=model.stalled_s(time.monotonic(), pending > 0),
             deadline_refusals=refused)
-        decisions = self.engine.evaluate(signals, saturated=self.limiter.waiting > 0)
+        decisions = self.engine.evaluate(signals, saturated=self.limiter.slots_full)
         self.metrics.record_kv_exhaustion(signals.kv_exhaustion_s)
         self.limiter.limit = decisions.concurrency_limit
+        steps = decisions.prefill_gate_steps
+        self.limiter.prefill_gate = (None if steps is None
+                                     else round(steps * model.model.token_budget))
         runtime.admission.publish(decisions)
         l2 = self.engine.machines[P.BREAKER_L2]
         if l2.state == ACTIVE and l2.since != self._restarted_episode:

@@ -83,6 +83,11 @@ class PolicyConfig:
     # false: the deadline check is off from the start (as forcing predicted_miss off
     # does at run time), for a server that must answer every request however late
     deadline_check: bool = True
+    # With the deadline check on, a request enters the engine only while the prompt
+    # tokens there not yet prefilled, its own included, fit in this many engine steps'
+    # token budget (`serving.limiter`: the rest wait in front, in lane and deadline
+    # order, instead of in vLLM's arrival order); 0: no prefill gate
+    prefill_gate_steps: float = 1.0
     batch_p99_s: float = 0.5
     batch_window_s: float = 5.0
     batch_windows: int = 3

@@ -22,6 +22,8 @@ class Decisions:
     # The deadline check (`slo.policy.feasibility`) applies with this margin; None: off
     deadline_margin: float | None = None
     deadline_truncate_tokens: int | None = None  # it may truncate to this to fit
+    # The prefill gate in engine steps' token budget (`serving.limiter`); None: off
+    prefill_gate_steps: float | None = None
     # While breaker L1 holds, requests run this many times slower than the engine model
     # says: the deadline check scales its estimate by it.
     slowdown: float = 1.0
@@ -73,12 +75,14 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
     elif states.get(P.BREAKER_L1) == RECOVERING:
         limit = max(1, limit // 2)
     shed = P.VIP_ONLY if on(P.VIP_ONLY) else None
+    deadline_on = config.deadline_check and P.PREDICTED_MISS not in forced_off
     return Decisions(
         concurrency_limit=limit, shed_non_vip=shed, restarting=on(P.BREAKER_L2),
         max_tokens_cap=config.max_tokens_cap if on(P.TOKEN_CAP) else None,
         truncate_tokens=config.truncate_tokens if on(P.TRUNCATION) else None,
-        deadline_margin=(config.deadline_margin if config.deadline_check
-                         and P.PREDICTED_MISS not in forced_off else None),
+        deadline_margin=config.deadline_margin if deadline_on else None,
+        prefill_gate_steps=(config.prefill_gate_steps
+                            if deadline_on and config.prefill_gate_steps > 0 else None),
         deadline_truncate_tokens=(None if P.TRUNCATION in forced_off
                                   else config.truncate_tokens),
         memory_pressure=on(P.MEMORY_PRESSURE),

@@ -74,14 +74,20 @@ def prefill_s(model: EngineModel, tokens: int, running: int) -> float:
     return total
 
 
-def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int) -> float:
-    """Expected remainder of the engine's step in progress when a request arrives:
-    half the step the engine is taking (its decodes and a prefill chunk), none when
-    it has nothing to do."""
+def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int,
+                       since_last_step_s: float | None = None) -> float:
+    """Expected remainder of the engine's step in progress when a request arrives
+    (none when it has nothing to do): the step the engine is taking (its decodes and
+    a prefill chunk) less the time since its last step ended, when the step probe has
+    told us that and the step could still be running; else, its phase unknown, half
+    the step."""
     if running <= 0 and prefill_tokens <= 0:
         return 0.0
     chunk = min(max(0, model.token_budget - running), prefill_tokens)
-    return 0.5 * model.step_s(running + (chunk > 0), running + chunk)
+    step = model.step_s(running + (chunk > 0), running + chunk)
+    if since_last_step_s is not None and 0 <= since_last_step_s < step:
+        return step - since_last_step_s
+    return 0.5 * step
 
 
 def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:

@@ -53,7 +53,16 @@ def render(src, minutes: int) -> None:
                f"{signals.get('load') or 0:.0%}, KV {signals.get('kv_usage') or 0:.0%} "
                f"(forecast {signals.get('kv_forecast') or 0:.0%}), queue "
                f"{signals.get('queue_depth', 0)}; limiter {limiter['in_flight']}/"
-               f"{limiter['limit']} in flight, {limiter['waiting']} waiting.")
+               f"{limiter['limit']} in flight, {limiter['waiting']} waiting{_gate(limiter)}.")
+
+
+def _gate(limiter: dict) -> str:
+    """The prefill gate, when one is in force: prompt tokens in the engine not yet
+    prefilled against what it lets in."""
+    gate = limiter.get("prefill_gate_tokens")
+    if gate is None:
+        return ""
+    return f"; prefill gate {limiter.get('engine_prefill_tokens', 0)}/{gate} tokens"
 
 
 def _apply(src, name: str) -> None:

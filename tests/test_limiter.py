@@ -1,0 +1,172 @@
+"""The limiter's prefill gate and its earliest-deadline-first lanes, exactly: who enters
+the engine, in what order, and what the deadline check is told waits ahead."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from observe import registry as R
+from serving.limiter import LANE_VIP, Limiter, LimiterTimeout
+
+RT, BATCH = R.PRIORITY_REALTIME, R.PRIORITY_BATCH
+
+
+async def _settle() -> None:
+    """Let woken waiters run (a wake passes through wait_for and shield: a few turns)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+async def _queue(limiter: Limiter, entries: list[tuple[str, str, int, float]],
+                 order: list[str]) -> list[asyncio.Task]:
+    """Start a waiter per (name, lane, tokens, deadline); each appends its name to
+    `order` when it enters the engine."""
+    async def one(name, lane, tokens, deadline):
+        await limiter.acquire(lane, tokens=tokens, deadline=deadline)
+        order.append(name)
+    tasks = []
+    for entry in entries:  # queued one after another, as they would arrive
+        tasks.append(asyncio.create_task(one(*entry)))
+        await _settle()
+    return tasks
+
+
+def test_the_gate_lets_in_what_fits_and_holds_the_rest_in_front():
+    async def scenario():
+        limiter = Limiter(16, prefill_gate=2048)
+        order: list[str] = []
+        tasks = await _queue(limiter, [("a", RT, 1500, 1.0), ("b", RT, 500, 2.0),
+                                       ("c", RT, 100, 3.0)], order)
+        entered = list(order)
+        held = (limiter.in_flight, limiter.engine_prefill_tokens, limiter.waiting)
+        limiter.prefilled(1500)  # a's first token: 500 left in the engine, c fits
+        await _settle()
+        await asyncio.gather(*tasks)
+        return entered, held, order, limiter.engine_prefill_tokens
+    entered, held, order, left = asyncio.run(scenario())
+    assert entered == ["a", "b"] and held == (2, 2000, 1)
+    assert order == ["a", "b", "c"] and left == 600
+
+
+def test_a_prompt_longer_than_the_gate_enters_an_engine_with_no_prefill_pending():
+    async def scenario():
+        limiter = Limiter(16, prefill_gate=2048)
+        order: list[str] = []
+        await limiter.acquire(RT, tokens=10)  # 10 tokens pending in the engine
+        tasks = await _queue(limiter, [("doc", BATCH, 4000, 1.0)], order)
+        before = list(order)
+        limiter.prefilled(10)
+        await asyncio.gather(*tasks)
+        return before, order, limiter.engine_prefill_tokens
+    assert asyncio.run(scenario()) == ([], ["doc"], 4000)
+
+
+def test_nobody_passes_a_waiter_that_does_not_fit():
+    """A document at the head of its lane is not starved by short prompts behind it."""
+    async def scenario():
+        limiter = Limiter(16, prefill_gate=1000)
+        order: list[str] = []
+        await limiter.acquire(RT, tokens=600)
+        tasks = await _queue(limiter, [("doc", RT, 900, 1.0), ("short", RT, 150, 2.0)],
+                             order)
+        before = list(order)
+        limiter.prefilled(600)
+        await _settle()
+        after_one = list(order)
+        limiter.prefilled(900)
+        await asyncio.gather(*tasks)
+        return before, after_one, order
+    assert asyncio.run(scenario()) == ([], ["doc"], ["doc", "short"])
+
+
+def test_lanes_in_order_and_earliest_deadline_first_within_each():
+    async def scenario():
+        limiter = Limiter(1)
+        order: list[str] = []
+        await limiter.acquire(RT)  # the one slot is taken
+        tasks = await _queue(limiter, [
+            ("batch-early", BATCH, 0, 0.5), ("rt-late", RT, 0, 9.0), ("rt-early", RT, 0, 1.0),
+            ("vip", LANE_VIP, 0, 50.0), ("rt-tie-first", RT, 0, 5.0),
+            ("rt-tie-second", RT, 0, 5.0)], order)
+        for _ in tasks:
+            limiter.release()
+            await _settle()
+        await asyncio.gather(*tasks)
+        return order
+    assert asyncio.run(scenario()) == ["vip", "rt-early", "rt-tie-first", "rt-tie-second",
+                                       "rt-late", "batch-early"]
+
+
+def test_waiting_tokens_counts_earlier_lanes_and_earlier_deadlines_in_its_own():
+    async def scenario():
+        limiter = Limiter(1)
+        await limiter.acquire(RT)
+        tasks = await _queue(limiter, [("v", LANE_VIP, 300, 9.0), ("r1", RT, 200, 1.0),
+                                       ("r2", RT, 50, 3.0), ("b", BATCH, 1000, 0.1)], [])
+        counts = (limiter.waiting_tokens(), limiter.waiting_tokens(LANE_VIP, 0.0),
+                  limiter.waiting_tokens(RT, 2.0), limiter.waiting_tokens(RT),
+                  limiter.waiting_tokens(BATCH, 0.0))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return counts, limiter.waiting
+    assert asyncio.run(scenario()) == ((1550, 0, 500, 550, 550), 0)
+
+
+def test_a_waiter_that_gives_up_frees_those_held_behind_it():
+    async def scenario():
+        limiter = Limiter(16, prefill_gate=1000)
+        order: list[str] = []
+        await limiter.acquire(RT, tokens=900)
+        stuck = asyncio.create_task(limiter.acquire(RT, 0.05, tokens=800, deadline=1.0))
+        await _settle()
+        behind = await _queue(limiter, [("short", RT, 50, 2.0)], order)
+        with pytest.raises(LimiterTimeout):
+            await stuck
+        await asyncio.gather(*behind)
+        return order, limiter.waiting, limiter.engine_prefill_tokens
+    assert asyncio.run(scenario()) == (["short"], 0, 950)
+
+
+def test_leaving_before_the_first_token_takes_the_prompt_off_the_gate():
+    async def scenario():
+        limiter = Limiter(4, prefill_gate=1000)
+        await limiter.acquire(RT, tokens=700)
+        await limiter.acquire(RT, tokens=200)
+        limiter.prefilled(200)
+        limiter.release()  # the second ended after its first token
+        limiter.release(700)  # the first failed before it
+        return limiter.in_flight, limiter.engine_prefill_tokens
+    assert asyncio.run(scenario()) == (0, 0)
+
+
+def test_opening_the_gate_or_turning_it_off_lets_the_waiters_in():
+    async def scenario():
+        limiter = Limiter(16, prefill_gate=100)
+        order: list[str] = []
+        await limiter.acquire(RT, tokens=100)
+        tasks = await _queue(limiter, [("a", RT, 100, 1.0), ("b", RT, 100, 2.0)], order)
+        limiter.prefill_gate = 200
+        await _settle()
+        widened = list(order)
+        limiter.prefill_gate = None
+        await asyncio.gather(*tasks)
+        return widened, order, limiter.slots_full
+    assert asyncio.run(scenario()) == (["a"], ["a", "b"], False)
+
+
+def test_slots_full_means_a_slot_wait_not_a_gate_wait():
+    async def scenario():
+        limiter = Limiter(1, prefill_gate=100)
+        await limiter.acquire(RT, tokens=100)
+        waiter = asyncio.create_task(limiter.acquire(RT, tokens=10))
+        await _settle()
+        full, slot_wait = limiter.slots_full, limiter.slot_wait_s(RT)
+        limiter.limit = 2  # a slot is free: what is left is the gate
+        gate_only, gate_wait = limiter.slots_full, limiter.slot_wait_s(RT)
+        limiter.prefilled(100)
+        await waiter
+        return full, slot_wait, gate_only, gate_wait
+    assert asyncio.run(scenario()) == (True, float("inf"), False, 0.0)
