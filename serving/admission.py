@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from observe import registry as R
 from observe.record import RequestRecord
@@ -29,6 +29,7 @@ from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
 from serving.limiter import LANE_VIP, Limiter, LimiterTimeout
+from slo.policy.retry_book import RetryBook
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 
@@ -72,6 +73,7 @@ class Admission:
         self.engine_model = engine_model or LiveEngineModel()
         self.decisions = Decisions(concurrency_limit=limiter.limit)
         self.refused_deadline = 0  # requests refused by the deadline check (a counter)
+        self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
 
     def publish(self, decisions: Decisions) -> None:
         """The policy loop's latest decisions; every later request is admitted by them."""
@@ -157,15 +159,22 @@ class Admission:
         applied only while the deadline policy is on (None: no target to judge by)."""
         if target is None:
             return None
-        now = time.monotonic()
-        check = F.judge(self.engine_model.model, prompt_tokens,
-                        self.work_ahead(lane, load, now, rec.arrival + target),
-                        rec.arrival + target - now,
-                        vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
+        now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
+        ahead = self.work_ahead(lane, load, now, deadline)
+        booked = 0  # refused requests booked to come back before it (not for a retry)
+        if lane != LANE_VIP and not self.retries.claim(rec.client, prompt_tokens, now):
+            booked = self.retries.tokens_due(now, deadline)
+        check = F.judge(model, prompt_tokens,
+                        replace(ahead, prefill_tokens=ahead.prefill_tokens + booked),
+                        deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
         if d.deadline_margin is None and check.action != F.ADMIT:
             return F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
+        if check.action == F.REFUSE:
+            return replace(check, retry_after_s=self.retries.book(
+                rec.client, prompt_tokens, now, F.drain_s(model, ahead) * d.slowdown,
+                F.prefill_s(model, prompt_tokens, ahead.running) * d.slowdown))
         return check
 
     def _refuse(self, rec: RequestRecord, check: F.Feasibility) -> Refusal:

@@ -128,6 +128,28 @@ def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
     assert adm.refused_deadline == 1
 
 
+def test_refused_requests_are_booked_one_after_another_and_their_retry_claims_it():
+    """A burst refused for the same queue is told to come back at spaced times; until
+    then their prompts are work ahead of newcomers; the retry itself does not count
+    its own booking."""
+    adm = _admission(Decisions(8, **DEADLINE), 0.5)
+    _queue(adm, 20_000)
+    model, verdicts = adm.engine_model.model, []
+    for client in ("a", "b"):
+        rec = _record()
+        rec.arrival, rec.client = time.monotonic(), client
+        verdicts.append(asyncio.run(adm.admit(rec, _prompt(100), 100, 4)))
+    drain = F.prefill_s(model, 20_000, 0) + F.step_in_progress_s(model, 0, 20_000)
+    own = F.prefill_s(model, 100, 0)
+    first = math.ceil(drain)
+    assert [v.retry_after_s for v in verdicts] == [first, math.ceil(first + own)]
+    assert len(adm.retries) == 2
+    adm.load.release(20_000)  # the queue drained; "a" comes back at its time
+    now = time.monotonic() + first
+    assert adm.retries.tokens_due(now, now + 0.5) == 200  # both, ahead of newcomers
+    assert adm.retries.claim("a", 100, now) and len(adm.retries) == 1
+
+
 def test_with_the_deadline_policy_forced_off_nothing_is_refused_for_lateness():
     adm = _admission(Decisions(8), 0.5)  # deadline_margin None: forced off
     _queue(adm, 200_000)
