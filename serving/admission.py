@@ -162,7 +162,8 @@ class Admission:
         now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
         ahead = self.work_ahead(lane, load, now, deadline)
         booked = 0  # refused requests booked to come back before it (not for a retry)
-        if lane != LANE_VIP and not self.retries.claim(rec.client, prompt_tokens, now):
+        if d.hold_retries and lane != LANE_VIP \
+                and not self.retries.claim(rec.client, prompt_tokens, now):
             booked = self.retries.tokens_due(now, deadline)
         check = F.judge(model, prompt_tokens,
                         replace(ahead, prefill_tokens=ahead.prefill_tokens + booked),

@@ -150,6 +150,27 @@ def test_refused_requests_are_booked_one_after_another_and_their_retry_claims_it
     assert adm.retries.claim("a", 100, now) and len(adm.retries) == 1
 
 
+@pytest.mark.parametrize("hold, client, counted", [
+    (False, "c", False),  # bookings only space the Retry-After times
+    (True, "c", True),  # held: a newcomer due after a booking's start waits for it
+    (True, "a", False),  # the retry that claims the booking does not wait for itself
+])
+def test_held_bookings_are_work_ahead_of_newcomers(hold, client, counted):
+    adm = _admission(Decisions(8, **DEADLINE, hold_retries=hold), 0.5)
+    now = time.monotonic()
+    assert adm.retries.book("a", 100, now - 1.0, 0.0, 0.05) == 1  # back about now
+    rec = _record()
+    rec.arrival, rec.client = now, client
+    verdict = asyncio.run(adm.admit(rec, _prompt(100), 100, 4))
+    assert not isinstance(verdict, Refusal)
+    model = adm.engine_model.model
+    alone = F.first_token_s(model, 100, F.WorkAhead(0, 0))
+    with_booking = F.first_token_s(model, 100, F.WorkAhead(100, 0))
+    assert rec.ttft_estimate_s == pytest.approx(with_booking if counted else alone,
+                                                abs=0.005)
+    assert len(adm.retries) == (0 if client == "a" and hold else 1)
+
+
 def test_with_the_deadline_policy_forced_off_nothing_is_refused_for_lateness():
     adm = _admission(Decisions(8), 0.5)  # deadline_margin None: forced off
     _queue(adm, 200_000)

@@ -214,6 +214,7 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
         vip = pool.submit(complete, guarded, VIP)
         assert late.status_code == 429, late.text
         assert 1 <= int(late.headers["retry-after"]) <= 120
+        assert policies(guarded)["limiter"]["retry_bookings"] >= 1  # its time is kept
         row = request_row(guarded, late)
         assert row["policy_actions"] == ["refuse:deadline"] and row["status"] == "rejected"
         assert row["estimated_ttft_s"] > 0.8 * row["slo_ttft_target_s"]

@@ -564,7 +564,10 @@ def test_active_names_what_is_in_force(states, active):
     (P.PolicyConfig(deadline_check=False), {},
      _on(64, deadline_margin=None, prefill_gate_steps=None)),
     (P.PolicyConfig(prefill_gate_steps=2.5), {}, _on(64, prefill_gate_steps=2.5)),
-    (P.PolicyConfig(prefill_gate_steps=0), {}, _on(64, prefill_gate_steps=None))])
+    (P.PolicyConfig(prefill_gate_steps=0), {}, _on(64, prefill_gate_steps=None)),
+    (P.PolicyConfig(hold_retries=True), {}, _on(64, hold_retries=True)),
+    (P.PolicyConfig(hold_retries=True, deadline_check=False), {},
+     _on(64, deadline_margin=None, prefill_gate_steps=None))])
 def test_decide_follows_the_config(config, states, expected):
     assert decide(states, 64, config) == expected
 

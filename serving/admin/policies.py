@@ -58,7 +58,9 @@ def create_policy_router(runtime) -> APIRouter:
             "limiter": {"limit": guard.limiter.limit, "in_flight": guard.limiter.in_flight,
                         "waiting": guard.limiter.waiting,
                         "prefill_gate_tokens": guard.limiter.prefill_gate,
-                        "engine_prefill_tokens": guard.limiter.engine_prefill_tokens},
+                        "engine_prefill_tokens": guard.limiter.engine_prefill_tokens,
+                        # refused requests booked to come back (slo/policy/retry_book)
+                        "retry_bookings": len(runtime.admission.retries)},
             # what the deadline check estimates with: the live engine model and the
             # online calibration of its estimate
             "engine_model": runtime.engine_model.describe(),

@@ -88,6 +88,11 @@ class PolicyConfig:
     # token budget (`serving.limiter`: the rest wait in front, in lane and deadline
     # order, instead of in vLLM's arrival order); 0: no prefill gate
     prefill_gate_steps: float = 1.0
+    # A refused request's Retry-After comes after the bookings before it
+    # (`slo.policy.retry_book`); true: its prompt also counts as work ahead of newcomers
+    # until it comes back, so the time promised is kept (retries on time, at the cost
+    # of refusing more first attempts during a surge: docs/benchmarks.md)
+    hold_retries: bool = False
     batch_p99_s: float = 0.5
     batch_window_s: float = 5.0
     batch_windows: int = 3
