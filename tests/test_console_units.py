@@ -335,3 +335,17 @@ def test_check_request_id_rejects(bad):
         Q.waterfall(bad)
     with pytest.raises(ValueError):
         Q.request_row(bad)
+
+
+@pytest.mark.parametrize("limiter, text", [
+    ({"prefill_gate_tokens": None, "retry_bookings": 0}, ""),
+    ({"prefill_gate_tokens": 2048, "engine_prefill_tokens": 1501, "retry_bookings": 0},
+     "; prefill gate 1501/2048 tokens"),
+    ({"prefill_gate_tokens": 2048, "engine_prefill_tokens": 0, "retry_bookings": 3},
+     "; prefill gate 0/2048 tokens; 3 refused requests booked to retry"),
+    ({}, ""),  # an older server's answer
+])
+def test_the_policies_page_states_the_gate_and_the_bookings(limiter, text):
+    from dashboards.console.views.policies import _gate
+
+    assert _gate(limiter) == text

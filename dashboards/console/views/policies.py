@@ -57,12 +57,12 @@ def render(src, minutes: int) -> None:
 
 
 def _gate(limiter: dict) -> str:
-    """The prefill gate, when one is in force: prompt tokens in the engine not yet
-    prefilled against what it lets in."""
-    gate = limiter.get("prefill_gate_tokens")
-    if gate is None:
-        return ""
-    return f"; prefill gate {limiter.get('engine_prefill_tokens', 0)}/{gate} tokens"
+    """The prefill gate, when one is in force (prompt tokens in the engine not yet
+    prefilled against what it lets in), and the refused requests booked to retry."""
+    gate, booked = limiter.get("prefill_gate_tokens"), limiter.get("retry_bookings")
+    text = "" if gate is None else \
+        f"; prefill gate {limiter.get('engine_prefill_tokens', 0)}/{gate} tokens"
+    return text + (f"; {booked} refused requests booked to retry" if booked else "")
 
 
 def _apply(src, name: str) -> None:
