@@ -57,7 +57,7 @@ class Limiter:
         self._gate = prefill_gate
         self.max_wait_s = max_wait_s
         self.in_flight = 0
-        self.engine_prefill_tokens = 0  # in the engine, first token not yet out
+        self.engine_prefill_tokens = 0  # prompt tokens in the engine, not yet prefilled
         self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
         self._waiting = 0
         self._seq = itertools.count()
@@ -145,7 +145,7 @@ class Limiter:
             raise
 
     def prefilled(self, tokens: int) -> None:
-        """A request's first token is out: its prompt no longer stands at the gate."""
+        """A request's prompt is prefilled: it no longer stands at the gate."""
         self.engine_prefill_tokens -= tokens
         self._wake()
 
