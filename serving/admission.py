@@ -29,9 +29,9 @@ from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
 from serving.limiter import LANE_VIP, Limiter, LimiterTimeout
-from slo.policy.retry_book import RetryBook
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
+from slo.policy.retry_book import RetryBook
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +239,8 @@ class PrefillEnd:
 
     __slots__ = ("admission", "prompt_tokens", "loop", "pending")
 
-    def __init__(self, admission: "Admission | None", prompt_tokens: int, loop: asyncio.AbstractEventLoop):
+    def __init__(self, admission: Admission | None, prompt_tokens: int,
+                 loop: asyncio.AbstractEventLoop):
         self.admission, self.prompt_tokens, self.loop = admission, prompt_tokens, loop
         self.pending = admission is not None
 
