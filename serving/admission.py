@@ -140,16 +140,20 @@ class Admission:
     def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
                    deadline: float = float("inf")) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
-        token: prompt tokens in the engine not yet prefilled (any lane: the engine
-        serves them in order) and those the limiter will let in before it (the lanes
-        before its own, and those in its own due earlier)."""
-        waiting_all = self.limiter.waiting_tokens()
-        in_engine = max(0, load.pending_prefill_tokens - waiting_all)
-        running = load.running_requests
+        token: the rest of the engine's step in progress (with the prefill chunk it
+        took of the prompts the engine held when it began), the prompt tokens in the
+        engine not yet prefilled beyond that chunk (any lane: the engine serves them in
+        order), and those the limiter will let in before it (the lanes before its own,
+        and those in its own due earlier)."""
+        model, running = self.engine_model.model, load.running_requests
+        in_engine = max(0, load.pending_prefill_tokens - self.limiter.waiting_tokens())
+        since = self.engine_model.since_last_step_s(now)
+        at_step_start = in_engine if since is None else \
+            max(0, in_engine - self.limiter.entered_since(now - since))
+        in_step = F.step_in_progress_s(model, running, at_step_start, since)
+        chunk = F.in_progress_chunk(model, running, at_step_start) if in_step > 0 else 0
         ahead = self.limiter.waiting_tokens(lane, deadline)
-        return F.WorkAhead(in_engine + ahead, running,
-                           F.step_in_progress_s(self.engine_model.model, running, in_engine,
-                                                self.engine_model.since_last_step_s(now)),
+        return F.WorkAhead(in_engine - chunk + ahead, running, in_step,
                            self.limiter.slot_wait_s(lane, now))
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
@@ -220,42 +224,59 @@ class Admission:
         await self.limiter.acquire(lane, tokens=prompt_tokens, deadline=deadline)
 
     def first_token(self, prompt_tokens: int) -> None:
-        """Its prefill is done: no longer work ahead of newcomers."""
+        """Its prefill is done: no longer work ahead of newcomers (`prompt_tokens`: what
+        was left of its prompt)."""
         self.load.release(prompt_tokens)
         self.limiter.prefilled(prompt_tokens)
 
-    def release(self, prompt_tokens: int, pending: bool) -> None:
+    def prefill_progress(self, tokens: int) -> None:
+        """A chunk of a prompt in the engine is prefilled: that much less work ahead."""
+        self.load.progress(tokens)
+        self.limiter.prefilled(tokens)
+
+    def release(self, pending_tokens: int | None) -> None:
         """The engine request ended (admitted by `admit`, which took its slot);
-        `pending`: it never got a first token."""
-        if pending:
-            self.load.release(prompt_tokens)
-        self.limiter.release(prompt_tokens if pending else 0)
+        `pending_tokens`: what was left of its prompt if it never got a first token,
+        else None."""
+        if pending_tokens is not None:
+            self.load.release(pending_tokens)
+        self.limiter.release(pending_tokens or 0)
 
 
 class PrefillEnd:
-    """Tells admission once that a request's prompt is prefilled: from the step probe
-    (every request, on the ledger's thread) or its first output (streamed ones),
-    whichever comes first, and never after the request has ended."""
+    """Tells admission how far a request's prompt is prefilled: each chunk (from the
+    step probe, on the ledger's thread) and its end once, from the probe or its first
+    output (streamed ones), whichever comes first; never after the request has ended."""
 
-    __slots__ = ("admission", "prompt_tokens", "loop", "pending")
+    __slots__ = ("admission", "left", "loop", "pending")
 
     def __init__(self, admission: Admission | None, prompt_tokens: int,
                  loop: asyncio.AbstractEventLoop):
-        self.admission, self.prompt_tokens, self.loop = admission, prompt_tokens, loop
+        self.admission, self.left, self.loop = admission, prompt_tokens, loop
         self.pending = admission is not None
 
     def from_any_thread(self) -> None:
         self.loop.call_soon_threadsafe(self.ended)
 
+    def chunk_from_any_thread(self, tokens: int) -> None:
+        self.loop.call_soon_threadsafe(self.chunk, tokens)
+
+    def chunk(self, tokens: int) -> None:
+        done = min(tokens, self.left)
+        if self.pending and done > 0:
+            self.left -= done
+            self.admission.prefill_progress(done)
+
     def ended(self) -> None:
         if self.pending:
             self.pending = False
-            self.admission.first_token(self.prompt_tokens)
+            self.admission.first_token(self.left)
 
-    def close(self) -> bool:
-        """The request ended; returns whether its prompt was still pending."""
+    def close(self) -> int | None:
+        """The request ended; returns what was left of its prompt if it was still
+        pending, else None."""
         pending, self.pending = self.pending, False
-        return pending
+        return self.left if pending else None
 
 
 def _truncated(prompt, keep: int):

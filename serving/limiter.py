@@ -37,6 +37,8 @@ from observe import registry as R
 LANE_VIP: Final = "vip"
 LANES: Final = (LANE_VIP, *R.PRIORITIES)  # the order slots are handed out in
 RELEASE_WINDOW_S = 10.0
+# How long entries are remembered for `entered_since`: far longer than any engine step.
+ENTRY_MEMORY_S: Final = 30.0
 
 
 class LimiterTimeout(Exception):
@@ -62,6 +64,7 @@ class Limiter:
         self._waiting = 0
         self._seq = itertools.count()
         self._releases: deque[float] = deque()
+        self._entries: deque[tuple[float, int]] = deque()  # (when, prompt tokens)
 
     @property
     def limit(self) -> int:
@@ -168,6 +171,20 @@ class Limiter:
     def _enter(self, tokens: int) -> None:
         self.in_flight += 1
         self.engine_prefill_tokens += tokens
+        now = time.monotonic()
+        self._entries.append((now, tokens))
+        while self._entries[0][0] < now - ENTRY_MEMORY_S:
+            self._entries.popleft()
+
+    def entered_since(self, since: float) -> int:
+        """Prompt tokens that entered the engine after monotonic time `since` (within
+        the last ENTRY_MEMORY_S): not yet in a step that began before then."""
+        total = 0
+        for when, tokens in reversed(self._entries):
+            if when <= since:
+                break
+            total += tokens
+        return total
 
     def _forget(self, lane: str, waiter: _Waiter) -> None:
         heap = self._lanes[lane]

@@ -95,6 +95,14 @@ def _queue(adm: Admission, tokens: int) -> None:
     adm.load.admit(tokens)
 
 
+def _ahead(model, queued: int) -> F.WorkAhead:
+    """`queued` tokens in an engine with no step seen yet: half its step in progress,
+    whose chunk is no longer work ahead after it."""
+    in_progress = F.step_in_progress_s(model, 0, queued)
+    return F.WorkAhead(queued - (F.in_progress_chunk(model, 0, queued) if in_progress else 0),
+                       0, in_progress)
+
+
 @pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [
     # an empty engine: the prior model says ~25 ms for 10 tokens -> admitted
     (R.PRIORITY_REALTIME, False, 0, 0.5, None),
@@ -116,12 +124,11 @@ def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
     model = adm.engine_model.model
     if outcome is None:
         assert not isinstance(verdict, Refusal)
-        in_progress = F.step_in_progress_s(model, 0, queued)
         assert rec.ttft_estimate_s == pytest.approx(
-            F.first_token_s(model, 10, F.WorkAhead(queued, 0, in_progress)), abs=0.01)
+            F.first_token_s(model, 10, _ahead(model, queued)), abs=0.01)
         return
     err = from_refusal(verdict)
-    drain = F.prefill_s(model, queued, 0) + F.step_in_progress_s(model, 0, queued)
+    drain = F.drain_s(model, _ahead(model, queued))
     assert err.status == 429 and err.error_type == "deadline"
     assert err.headers == {"Retry-After": str(min(120, math.ceil(drain)))}
     assert adm.load.pending == (1, queued)  # its own tokens left with it
@@ -139,7 +146,7 @@ def test_refused_requests_are_booked_one_after_another_and_their_retry_claims_it
         rec = _record()
         rec.arrival, rec.client = time.monotonic(), client
         verdicts.append(asyncio.run(adm.admit(rec, _prompt(100), 100, 4)))
-    drain = F.prefill_s(model, 20_000, 0) + F.step_in_progress_s(model, 0, 20_000)
+    drain = F.drain_s(model, _ahead(model, 20_000))
     own = F.prefill_s(model, 100, 0)
     first = math.ceil(drain)
     assert [v.retry_after_s for v in verdicts] == [first, math.ceil(first + own)]
@@ -185,8 +192,9 @@ def test_with_the_deadline_policy_forced_off_nothing_is_refused_for_lateness():
 def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
     async def scenario():
         adm = _admission(Decisions(1, **DEADLINE), 0.5, limit=1)
-        await adm.limiter.acquire(R.PRIORITY_REALTIME)  # one request holds the slot
-        adm.load.admit(300)  # ... and waits for its first token
+        adm.engine_model.last_step_end = time.monotonic() - 1.0  # idle for a second
+        await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=300)  # one holds the slot
+        adm.load.admit(300)  # ... and waits for its first token, in no step yet
         waiters = [asyncio.create_task(adm.limiter.acquire(lane, tokens=tokens))
                    for lane, tokens in (("vip", 50), (R.PRIORITY_REALTIME, 700),
                                         (R.PRIORITY_BATCH, 9000))]
@@ -205,6 +213,31 @@ def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
                                        R.PRIORITY_BATCH: 10_050}
 
 
+@pytest.mark.parametrize("entered_before_step_s, since_step_s, ahead, in_step", [
+    # a 600-token prompt entered before the step in progress began: the step holds it,
+    # so it is not work ahead after the step; the step has 0.2 s less to go
+    (0.3, 0.1, 0, "step-0.1"),
+    # ... entered after the step began (the engine is decoding): all of it is ahead
+    (0.05, 0.1, 600, "none"),
+    # no step seen yet: its phase unknown, half a step that holds it
+    (0.3, None, 0, "half"),
+])
+def test_the_step_in_progress_holds_the_prompts_that_entered_before_it_began(
+        entered_before_step_s, since_step_s, ahead, in_step):
+    adm = _admission(Decisions(8, **DEADLINE), 5.0)
+    model = adm.engine_model.model
+    now = time.monotonic()
+    adm.limiter._enter(600)
+    adm.limiter._entries[-1] = (now - entered_before_step_s, 600)
+    adm.engine_model.last_step_end = 0.0 if since_step_s is None else now - since_step_s
+    adm.load.admit(600)  # it has no first token yet
+    work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), now)
+    step = model.step_s(1, 600)
+    expected = {"step-0.1": step - 0.1, "none": 0.0, "half": 0.5 * step}[in_step]
+    assert work.prefill_tokens == ahead
+    assert work.step_remaining_s == pytest.approx(expected)
+
+
 def test_an_admitted_prompt_stands_at_the_prefill_gate_until_its_first_token():
     async def scenario():
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
@@ -212,9 +245,9 @@ def test_an_admitted_prompt_stands_at_the_prefill_gate_until_its_first_token():
         held = adm.limiter.engine_prefill_tokens
         adm.first_token(admitted.prompt_tokens)
         after_first = adm.limiter.engine_prefill_tokens
-        adm.release(admitted.prompt_tokens, pending=False)
+        adm.release(None)
         failed = await adm.admit(_record(), _prompt(200), 200, 16)
-        adm.release(failed.prompt_tokens, pending=True)  # ended before a first token
+        adm.release(failed.prompt_tokens)  # ended before a first token
         return held, after_first, adm.limiter.engine_prefill_tokens, adm.limiter.in_flight
     assert asyncio.run(scenario()) == (300, 0, 0, 0)
 
@@ -237,12 +270,45 @@ def test_a_prompt_ends_once_whichever_signal_comes_first_and_never_after_the_end
         pending = late.close()  # ended (aborted) before its prompt was done
         late.from_any_thread()
         await asyncio.sleep(0)
-        adm.release(first.prompt_tokens, False)
-        adm.release(second.prompt_tokens, pending)
+        adm.release(None)
+        adm.release(pending)
         return seen, pending, adm.limiter.engine_prefill_tokens, adm.load.admit(0)
     seen, pending, left, load = asyncio.run(scenario())
-    assert seen == [200, (200, False)] and pending is True
+    assert seen == [200, (200, None)] and pending == 200
     assert left == 0 and load.pending_prefill_tokens == 0
+
+
+def test_a_chunked_prompt_leaves_the_work_ahead_chunk_by_chunk():
+    """A long prompt under chunked prefill: each chunk the probe reports is that much
+    less work ahead of newcomers and at the gate; its end releases what is left; an
+    over-long report is clamped, and one after the end changes nothing."""
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        loop, seen = asyncio.get_running_loop(), []
+        doc = await adm.admit(_record(), _prompt(4000), 4000, 16)
+        aborted = await adm.admit(_record(), _prompt(3000), 3000, 16)
+        probe, other = PrefillEnd(adm, doc.prompt_tokens, loop), \
+            PrefillEnd(adm, aborted.prompt_tokens, loop)
+
+        def state():  # the gate's count and the load's (the work ahead's source)
+            return adm.limiter.engine_prefill_tokens, adm.load.pending[1]
+        seen.append(state())
+        await loop.run_in_executor(None, probe.chunk_from_any_thread, 2048)
+        await asyncio.sleep(0)
+        seen.append(state())
+        other.chunk(2048)
+        seen.append(state())
+        probe.chunk(5000)  # more than is left: clamped
+        probe.ended()
+        seen.append(state())
+        probe.chunk(100)  # after the end: nothing
+        adm.release(probe.close())
+        adm.release(other.close())  # aborted mid-prompt: its rest goes
+        seen.append(state())
+        return seen, adm.load.pending
+    seen, pending = asyncio.run(scenario())
+    assert seen == [(7000, 7000), (4952, 4952), (2904, 2904), (952, 952), (0, 0)]
+    assert pending == (0, 0)
 
 
 def test_work_ahead_in_its_own_lane_counts_only_those_due_before_it():

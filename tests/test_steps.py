@@ -9,7 +9,7 @@ import pytest
 from observe.settings import TAILGUARD_STEP_SOCKET as ENV_STEP_SOCKET
 from observe.stats import StepRecord
 from serving.engine.stats import EngineSecond
-from serving.engine.step_plugin import StepSender, prefill_ends
+from serving.engine.step_plugin import StepSender, prefill_progress
 from serving.engine.step_receiver import StepLedger, external_id
 
 
@@ -121,27 +121,55 @@ def _new(req_id: str, prompt: int, computed: int = 0) -> SimpleNamespace:
                            num_computed_tokens=computed)
 
 
-@pytest.mark.parametrize("new, cached, states, scheduled, ends", [
+@pytest.mark.parametrize("new, cached, states, scheduled, ends, chunks", [
     # a whole prompt in one step: its first token comes out of it
-    ([_new("a", 300)], [], {}, {"a": 300}, ["a"]),
+    ([_new("a", 300)], [], {}, {"a": 300}, ["a"], []),
     # a prefix-cache hit of 256: the rest finishes it
-    ([_new("a", 300, computed=256)], [], {}, {"a": 44}, ["a"]),
-    # chunked: the first 2,048 of a 4,000-token prompt do not
-    ([_new("a", 4000)], [], {}, {"a": 2048}, []),
-    # ... the last chunk does, a request already decoding does not again
-    ([], [("a", 2048), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1952, "b": 1}, ["a"]),
+    ([_new("a", 300, computed=256)], [], {}, {"a": 44}, ["a"], []),
+    # chunked: the first 2,048 of a 4,000-token prompt do not, but are done
+    ([_new("a", 4000)], [], {}, {"a": 2048}, [], [["a", 2048]]),
+    # ... a prefix-cache hit counts as done with the first chunk
+    ([_new("a", 4000, computed=512)], [], {}, {"a": 1024}, [], [["a", 1536]]),
+    # ... a middle chunk, then the last chunk; a request already decoding: nothing
+    ([], [("a", 1024), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1024, "b": 1}, [],
+     [["a", 1024]]),
+    ([], [("a", 2048), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1952, "b": 1}, ["a"], []),
     # a request the runner no longer holds is skipped, not a crash
-    ([], [("gone", 10)], {}, {"gone": 1}, []),
+    ([], [("gone", 10)], {}, {"gone": 1}, [], []),
 ])
-def test_the_probe_names_the_requests_whose_prompt_a_step_finishes(new, cached, states,
-                                                                   scheduled, ends):
+def test_the_probe_names_the_prompts_a_step_finishes_and_advances(new, cached, states,
+                                                                 scheduled, ends, chunks):
     output = SimpleNamespace(
         num_scheduled_tokens=scheduled, scheduled_new_reqs=new,
         scheduled_cached_reqs=SimpleNamespace(req_ids=[c[0] for c in cached],
                                               num_computed_tokens=[c[1] for c in cached]))
     runner = SimpleNamespace(requests={k: SimpleNamespace(num_prompt_tokens=v)
                                        for k, v in states.items()})
-    assert prefill_ends(runner, output) == ends
+    assert prefill_progress(runner, output) == (ends, chunks)
+
+
+def test_prompt_chunks_and_ends_reach_their_requests_hooks(ledger):
+    calls = []
+    ledger.track("cmpl-doc-0", owner="doc", on_prefilled=lambda: calls.append("end"),
+                 on_chunk=lambda tokens: calls.append(tokens))
+    sender = StepSender(ledger.path)
+    first = SimpleNamespace(num_scheduled_tokens={"cmpl-doc-0-1a2b3c4d": 2048},
+                            total_num_scheduled_tokens=2048,
+                            scheduled_new_reqs=[_new("cmpl-doc-0-1a2b3c4d", 3000)],
+                            scheduled_cached_reqs=SimpleNamespace(req_ids=[],
+                                                                  num_computed_tokens=[]))
+    last = SimpleNamespace(num_scheduled_tokens={"cmpl-doc-0-1a2b3c4d": 952},
+                           total_num_scheduled_tokens=952, scheduled_new_reqs=[],
+                           scheduled_cached_reqs=SimpleNamespace(
+                               req_ids=["cmpl-doc-0-1a2b3c4d"], num_computed_tokens=[2048]))
+    runner = SimpleNamespace(requests={"cmpl-doc-0-1a2b3c4d":
+                                       SimpleNamespace(num_prompt_tokens=3000)})
+    for step, at in ((first, 1.0), (last, 1.3)):
+        sender.forward_starts(runner, step)
+        sender.forward_done(at, at + 0.25, step)
+        sender.sampling_done(at + 0.25, at + 0.26)
+    assert ledger.drain() == 2
+    assert calls == [2048, "end"]
 
 
 def test_a_finished_prompt_calls_its_requests_hook_once(ledger):

@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -111,6 +112,8 @@ def main() -> None:
     ap.add_argument("--engine-arg", action="append", default=[],
                     help="a vLLM engine argument, repeatable (e.g. --engine-arg=--dtype "
                     "--engine-arg=float32)")
+    ap.add_argument("--keep-db", help="copy the server's trace log here at the end (to "
+                    "study the rounds with SQL)")
     args = ap.parse_args()
     url = f"http://127.0.0.1:{args.port}"
     factors = [float(f) for f in args.factors.split(",")]
@@ -125,6 +128,8 @@ def main() -> None:
         finally:
             server.terminate()
             server.wait(timeout=120)
+            if args.keep_db:
+                shutil.copy(Path(tmp) / "trace.duckdb", args.keep_db)
     met = True
     for factor, runs in rows.items():
         print(f"\n### {factor:g}x surge over {args.rate:g} req/s")

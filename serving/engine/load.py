@@ -44,8 +44,14 @@ class LoadTracker:
             self._pending_tokens += prompt_tokens
         return load
 
+    def progress(self, tokens: int) -> None:
+        """A chunk of a pending prompt is prefilled: that much less work ahead."""
+        with self._lock:
+            self._pending_tokens -= tokens
+
     def release(self, prompt_tokens: int) -> None:
-        """The request's prefill is done (or it left): no longer work ahead of newcomers."""
+        """The request's prefill is done (or it left): no longer work ahead of newcomers;
+        `prompt_tokens`: what was left of its prompt (after any `progress`)."""
         with self._lock:
             self._pending -= 1
             self._pending_tokens -= prompt_tokens

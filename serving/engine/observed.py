@@ -252,8 +252,11 @@ class ObservedEngine:
         aborted) free its slot, untrack its steps and add its outcome to the record."""
         request_id, admission = call[2], self._admission
         prefill = PrefillEnd(admission, prompt_tokens, asyncio.get_running_loop())
-        self._ledger.track(request_id, rec.tally, rec.request_id,
-                           None if admission is None else prefill.from_any_thread)
+        if admission is None:
+            self._ledger.track(request_id, rec.tally, rec.request_id)
+        else:
+            self._ledger.track(request_id, rec.tally, rec.request_id,
+                               prefill.from_any_thread, prefill.chunk_from_any_thread)
         deltas = is_delta(call[1])
         last, tokens = None, 0
         if self.in_flight == 0:
@@ -277,7 +280,7 @@ class ObservedEngine:
         finally:
             self.in_flight -= 1
             if admission is not None:
-                admission.release(prompt_tokens, prefill.close())
+                admission.release(prefill.close())
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 absorb(rec, last, tokens, self._clock)

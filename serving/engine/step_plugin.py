@@ -29,7 +29,7 @@ _PATCHED_FLAG = "_tailguard_step_probe"
 class StepSender:
     """Packs one step into a datagram and sends it without ever waiting."""
 
-    __slots__ = ("path", "sock", "index", "dropped", "_pending", "_prefilled")
+    __slots__ = ("path", "sock", "index", "dropped", "_pending", "_progress")
 
     def __init__(self, path: str):
         self.path = path
@@ -38,20 +38,20 @@ class StepSender:
         self.index = 0
         self.dropped = 0
         self._pending: tuple | None = None
-        self._prefilled: list[str] = []
+        self._progress: tuple[list, list] = ([], [])
 
     def forward_starts(self, runner, scheduler_output) -> None:
         try:
-            self._prefilled = prefill_ends(runner, scheduler_output)
+            self._progress = prefill_progress(runner, scheduler_output)
         except Exception:  # vLLM's internals moved: the server falls back on outputs
-            self._prefilled = []
+            self._progress = ([], [])
 
     def forward_done(self, start: float, end: float, scheduler_output) -> None:
         tokens = scheduler_output.num_scheduled_tokens
-        prefilled, self._prefilled = self._prefilled, []
+        (ends, chunks), self._progress = self._progress, ([], [])
         if tokens:
             self._pending = (start, end - start, scheduler_output.total_num_scheduled_tokens,
-                             list(tokens), prefilled)
+                             list(tokens), ends, chunks)
 
     def sampling_done(self, start: float, end: float) -> None:
         self.send(end - start if self._pending else 0.0)
@@ -60,32 +60,43 @@ class StepSender:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        start, forward_s, tokens, req_ids, prefilled = pending
+        start, forward_s, tokens, req_ids, ends, chunks = pending
         self.index += 1
         payload = json.dumps([self.index, start, forward_s, sampling_s, tokens, req_ids,
-                              prefilled])
+                              ends, chunks])
         try:
             self.sock.sendto(payload.encode(), self.path)
         except OSError:  # server gone or socket full: the engine must not care
             self.dropped += 1
 
 
-def prefill_ends(runner, scheduler_output) -> list[str]:
-    """The requests whose prompt this step finishes: their first token comes out of it.
-    The server learns it here for every request, streamed or not (a non-streamed one
-    shows no output before its last), so the limiter's prefill gate and the work ahead
-    of newcomers let go of its prompt when the engine does."""
+def prefill_progress(runner, scheduler_output) -> tuple[list[str], list[list]]:
+    """What this step does to prompts: the requests whose prompt it finishes (their first
+    token comes out of it) and `[request, tokens]` for each prompt it advances by a
+    chunk without finishing (a long prompt under chunked prefill; a prefix-cache hit
+    counts as done when the request is first scheduled). The server learns it here for
+    every request, streamed or not (a non-streamed one shows no output before its
+    last), so the limiter's prefill gate and the work ahead of newcomers let go of a
+    prompt as the engine works through it, not only at its end."""
     scheduled = scheduler_output.num_scheduled_tokens
-    ends = [new.req_id for new in scheduler_output.scheduled_new_reqs
-            if new.num_computed_tokens + scheduled.get(new.req_id, 0)
-            >= len(new.prompt_token_ids or ())]
+    ends, chunks = [], []
+    for new in scheduler_output.scheduled_new_reqs:
+        done = new.num_computed_tokens + scheduled.get(new.req_id, 0)
+        if done >= len(new.prompt_token_ids or ()):
+            ends.append(new.req_id)
+        elif done:
+            chunks.append([new.req_id, done])
     cached, states = scheduler_output.scheduled_cached_reqs, runner.requests
     for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
         state = states.get(req_id)
-        if state is not None and computed < state.num_prompt_tokens \
-                <= computed + scheduled.get(req_id, 0):
+        if state is None or computed >= state.num_prompt_tokens:
+            continue  # gone, or decoding
+        step = scheduled.get(req_id, 0)
+        if computed + step >= state.num_prompt_tokens:
             ends.append(req_id)
-    return ends
+        elif step:
+            chunks.append([req_id, step])
+    return ends, chunks
 
 
 def _wrap(runner_cls, sender: StepSender | None) -> None:

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from observe import settings
 from observe.settings import TAILGUARD_STEP_SOCKET
@@ -32,6 +33,22 @@ def external_id(internal: str) -> str:
     return internal[:-INTERNAL_SUFFIX_LEN] if len(internal) > INTERNAL_SUFFIX_LEN else internal
 
 
+@dataclass(frozen=True, slots=True)
+class _Tracked:
+    """One engine request's tally, owner and prompt hooks."""
+    tally: SamplingTally
+    owner: str
+    on_prefilled: Callable[[], None] | None = None
+    on_chunk: Callable[[int], None] | None = None
+
+
+def _call_hook(hook: Callable, *args) -> None:
+    try:
+        hook(*args)
+    except Exception:  # a broken hook must not stop step accounting
+        log.exception("prefill hook failed")
+
+
 class StepLedger:
     """Owns the receiving socket and the per-request sampling tallies."""
 
@@ -43,7 +60,7 @@ class StepLedger:
         self._sock.bind(self.path)
         self._sock.setblocking(False)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self._tallies: dict[str, tuple[SamplingTally, str, Callable[[], None] | None]] = {}
+        self._tallies: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
         self._consumers = list(consumers or [])
         self._poll_s = poll_s
@@ -67,14 +84,16 @@ class StepLedger:
         self._consumers.append(consumer)
 
     def track(self, engine_id: str, tally: SamplingTally | None = None,
-              owner: str | None = None,
-              on_prefilled: Callable[[], None] | None = None) -> SamplingTally:
+              owner: str | None = None, on_prefilled: Callable[[], None] | None = None,
+              on_chunk: Callable[[int], None] | None = None) -> SamplingTally:
         """Credit the steps of engine request `engine_id` to `tally` from now on, and
-        name it `owner` (the HTTP request id) in published steps. `on_prefilled` is
-        called (on whichever thread drains) when a step finishes its prompt."""
+        name it `owner` (the HTTP request id) in published steps. On whichever thread
+        drains: `on_prefilled()` when a step finishes its prompt, `on_chunk(tokens)`
+        when a step prefills part of it."""
         tally = tally if tally is not None else SamplingTally()
         with self._lock:
-            self._tallies[engine_id] = (tally, owner or engine_id, on_prefilled)
+            self._tallies[engine_id] = _Tracked(tally, owner or engine_id, on_prefilled,
+                                                on_chunk)
         return tally
 
     def untrack(self, request_id: str) -> None:
@@ -104,23 +123,24 @@ class StepLedger:
 
     def _apply(self, data: bytes) -> StepRecord | None:
         try:
-            index, start, forward_s, sampling_s, tokens, internal_ids, prefilled = \
+            index, start, forward_s, sampling_s, tokens, internal_ids, ends, chunks = \
                 json.loads(data)
         except ValueError:
             return None
         owners = []
         for engine_id in map(external_id, internal_ids):
-            tally, owner, _ = self._tallies.get(engine_id, (None, engine_id, None))
-            if tally is not None:
-                tally.add(start, forward_s + sampling_s, sampling_s)
-            owners.append(owner)
-        for engine_id in map(external_id, prefilled):
-            on_prefilled = self._tallies.get(engine_id, (None, None, None))[2]
-            if on_prefilled is not None:
-                try:
-                    on_prefilled()
-                except Exception:  # a broken hook must not stop step accounting
-                    log.exception("prefill hook failed")
+            tracked = self._tallies.get(engine_id)
+            if tracked is not None:
+                tracked.tally.add(start, forward_s + sampling_s, sampling_s)
+            owners.append(engine_id if tracked is None else tracked.owner)
+        for internal, done in chunks:
+            tracked = self._tallies.get(external_id(internal))
+            if tracked is not None and tracked.on_chunk is not None:
+                _call_hook(tracked.on_chunk, done)
+        for engine_id in map(external_id, ends):
+            tracked = self._tallies.get(engine_id)
+            if tracked is not None and tracked.on_prefilled is not None:
+                _call_hook(tracked.on_prefilled)
         self.steps_seen += 1
         return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners))
 

@@ -78,16 +78,23 @@ def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int,
                        since_last_step_s: float | None = None) -> float:
     """Expected remainder of the engine's step in progress when a request arrives
     (none when it has nothing to do): the step the engine is taking (its decodes and
-    a prefill chunk) less the time since its last step ended, when the step probe has
-    told us that and the step could still be running; else, its phase unknown, half
-    the step."""
+    `in_progress_chunk` of the prefill it held when the step began) less the time since
+    its last step ended, when the step probe has told us that and the step could still
+    be running; else, its phase unknown, half the step."""
     if running <= 0 and prefill_tokens <= 0:
         return 0.0
-    chunk = min(max(0, model.token_budget - running), prefill_tokens)
+    chunk = in_progress_chunk(model, running, prefill_tokens)
     step = model.step_s(running + (chunk > 0), running + chunk)
     if since_last_step_s is not None and 0 <= since_last_step_s < step:
         return step - since_last_step_s
     return 0.5 * step
+
+
+def in_progress_chunk(model: EngineModel, running: int, prefill_tokens: int) -> int:
+    """Prompt tokens the step in progress prefills, of `prefill_tokens` the engine held
+    when it began: what is left of its token budget after one decode per running
+    sequence. They are done when the step is: not work ahead after it."""
+    return min(max(0, model.token_budget - running), max(0, prefill_tokens))
 
 
 def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
