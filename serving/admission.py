@@ -150,10 +150,10 @@ class Admission:
         since = self.engine_model.since_last_step_s(now)
         at_step_start = in_engine if since is None else \
             max(0, in_engine - self.limiter.entered_since(now - since))
-        in_step = F.step_in_progress_s(model, running, at_step_start, since)
-        chunk = F.in_progress_chunk(model, running, at_step_start) if in_step > 0 else 0
+        chunk = F.in_progress_chunk(model, running, at_step_start)
         ahead = self.limiter.waiting_tokens(lane, deadline)
-        return F.WorkAhead(in_engine - chunk + ahead, running, in_step,
+        return F.WorkAhead(in_engine - chunk + ahead, running,
+                           F.step_in_progress_s(model, running, at_step_start, since),
                            self.limiter.slot_wait_s(lane, now))
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,

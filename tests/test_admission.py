@@ -98,9 +98,8 @@ def _queue(adm: Admission, tokens: int) -> None:
 def _ahead(model, queued: int) -> F.WorkAhead:
     """`queued` tokens in an engine with no step seen yet: half its step in progress,
     whose chunk is no longer work ahead after it."""
-    in_progress = F.step_in_progress_s(model, 0, queued)
-    return F.WorkAhead(queued - (F.in_progress_chunk(model, 0, queued) if in_progress else 0),
-                       0, in_progress)
+    return F.WorkAhead(queued - F.in_progress_chunk(model, 0, queued), 0,
+                       F.step_in_progress_s(model, 0, queued))
 
 
 @pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [
