@@ -24,6 +24,9 @@ class AdmissionLoad:
     recent_step_s: float  # moving average of engine step time
     pending_requests: int  # admitted before this one, no first token yet
     pending_prefill_tokens: int  # their prompt tokens: prefill work ahead of this one
+    # their attention pairs left (`slo.sim.engine_model.attention_pairs`): what makes the
+    # rest of a half-prefilled document dearer than as many tokens of a fresh prompt
+    pending_prefill_pairs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

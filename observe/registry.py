@@ -1,8 +1,7 @@
-"""Every metric, label, span, attribute, bucket and recording-rule name tailguard
-uses, defined once, and the thresholds that the alerts and the dashboards share: the
-server, rules, dashboards and docs import from here (`tests/test_registry.py`). Each
-instrument has its OTel name + unit, chosen so opentelemetry-exporter-prometheus
-renders exactly the CONTRACT.md name (`_seconds` for "s", `_total` for counters)."""
+"""Every metric, label, span, attribute, bucket and recording-rule name tailguard uses,
+and the thresholds its alerts and dashboards share, defined once (`tests/test_registry.py`):
+each instrument's OTel name + unit is chosen so opentelemetry-exporter-prometheus renders
+exactly the CONTRACT.md name (`_seconds` for "s", `_total` for counters)."""
 
 from __future__ import annotations
 
@@ -279,6 +278,7 @@ ATTR_PREEMPTIONS: Final = "tailguard.preemptions"
 ATTR_STEP_INDEX: Final = "tailguard.step.index"
 ATTR_STEP_BATCH: Final = "tailguard.step.batch_size"
 ATTR_STEP_TOKENS: Final = "tailguard.step.scheduled_tokens"
+ATTR_STEP_PAIRS: Final = "tailguard.step.attention_pairs"
 ATTR_STEP_FORWARD_S: Final = "tailguard.step.forward_s"
 ATTR_STEP_SAMPLING_S: Final = "tailguard.step.sampling_s"
 ATTR_SAMPLING_STEPS: Final = "tailguard.sampling.steps"

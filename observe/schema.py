@@ -78,6 +78,7 @@ REQUESTS: Final = TableSpec("requests", (
     ("queue_depth", "INTEGER"), ("running_requests", "INTEGER"), ("kv_cache_usage", "DOUBLE"),
     ("recent_step_s", "DOUBLE"), ("pending_requests", "INTEGER"),
     ("pending_prefill_tokens", "BIGINT"),
+    ("pending_prefill_pairs", "BIGINT"),  # their attention pairs left (the engine model's)
     ("predicted_ttft_s", "DOUBLE"), ("predicted_ttft_p90_s", "DOUBLE"),
     ("predicted_tpot_s", "DOUBLE"), ("predicted_tpot_p90_s", "DOUBLE"),
     ("predicted_e2e_s", "DOUBLE"), ("predictor_version", "VARCHAR"),

@@ -106,6 +106,7 @@ class RowSpans:
         epoch_ns = self._clock.epoch_ns
         attributes = {R.ATTR_STEP_INDEX: step.index, R.ATTR_STEP_BATCH: len(step.request_ids),
                       R.ATTR_STEP_TOKENS: step.scheduled_tokens,
+                      R.ATTR_STEP_PAIRS: step.attention_pairs,
                       R.ATTR_STEP_FORWARD_S: step.forward_s,
                       R.ATTR_STEP_SAMPLING_S: step.sampling_s}
         known = self._span_ids

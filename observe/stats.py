@@ -127,6 +127,7 @@ class StepRecord:
     sampling_s: float
     scheduled_tokens: int
     request_ids: tuple[str, ...]  # HTTP request ids where known, else engine ids
+    attention_pairs: int = 0  # `slo.sim.engine_model.attention_pairs`, summed over the step
 
     @property
     def duration_s(self) -> float:

@@ -124,6 +124,7 @@ class RequestSpans:
             R.SPAN_STEP, links=links, start_time=self._clock.epoch_ns(step.start),
             attributes={R.ATTR_STEP_INDEX: step.index, R.ATTR_STEP_BATCH: len(step.request_ids),
                         R.ATTR_STEP_TOKENS: step.scheduled_tokens,
+                        R.ATTR_STEP_PAIRS: step.attention_pairs,
                         R.ATTR_STEP_FORWARD_S: step.forward_s,
                         R.ATTR_STEP_SAMPLING_S: step.sampling_s})
         span.end(end_time=self._clock.epoch_ns(step.start + step.duration_s))

@@ -17,7 +17,6 @@ The policy loop hands admission its decisions through `publish()`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, replace
 
@@ -146,15 +145,22 @@ class Admission:
         order), and those the limiter will let in before it (the lanes before its own,
         and those in its own due earlier)."""
         model, running = self.engine_model.model, load.running_requests
-        in_engine = max(0, load.pending_prefill_tokens - self.limiter.waiting_tokens())
+        waiting, waiting_pairs = self.limiter.waiting_work()
+        in_engine = max(0, load.pending_prefill_tokens - waiting)
+        in_engine_pairs = max(0, load.pending_prefill_pairs - waiting_pairs)
         since = self.engine_model.since_last_step_s(now)
-        at_step_start = in_engine if since is None else \
-            max(0, in_engine - self.limiter.entered_since(now - since))
-        chunk = F.in_progress_chunk(model, running, at_step_start)
-        ahead = self.limiter.waiting_tokens(lane, deadline)
+        entered, entered_pairs = (0, 0) if since is None else \
+            self.limiter.entered_since(now - since)
+        at_start = max(0, in_engine - entered)
+        at_start_pairs = max(0, in_engine_pairs - entered_pairs)
+        chunk = F.in_progress_chunk(model, running, at_start)
+        chunk_pairs = F.share_of_pairs(at_start_pairs, at_start, chunk)
+        ahead, ahead_pairs = self.limiter.waiting_work(lane, deadline)
         return F.WorkAhead(in_engine - chunk + ahead, running,
-                           F.step_in_progress_s(model, running, at_step_start, since),
-                           self.limiter.slot_wait_s(lane, now))
+                           F.step_in_progress_s(model, running, at_start, since,
+                                                at_start_pairs),
+                           self.limiter.slot_wait_s(lane, now),
+                           in_engine_pairs - chunk_pairs + ahead_pairs)
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
                         prompt_tokens: int, target: float | None,
@@ -165,12 +171,13 @@ class Admission:
             return None
         now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
         ahead = self.work_ahead(lane, load, now, deadline)
-        booked = 0  # refused requests booked to come back before it (not for a retry)
+        booked = (0, 0)  # refused requests booked to come back before it (not retries)
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):
-            booked = self.retries.tokens_due(now, deadline)
+            booked = self.retries.work_due(now, deadline)
         check = F.judge(model, prompt_tokens,
-                        replace(ahead, prefill_tokens=ahead.prefill_tokens + booked),
+                        replace(ahead, prefill_tokens=ahead.prefill_tokens + booked[0],
+                                prefill_pairs=ahead.prefill_pairs + booked[1]),
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
@@ -223,60 +230,25 @@ class Admission:
                 rec.policy_actions.append("demote:deadline")
         await self.limiter.acquire(lane, tokens=prompt_tokens, deadline=deadline)
 
-    def first_token(self, prompt_tokens: int) -> None:
+    def first_token(self, prompt_tokens: int, computed: int = 0) -> None:
         """Its prefill is done: no longer work ahead of newcomers (`prompt_tokens`: what
-        was left of its prompt)."""
-        self.load.release(prompt_tokens)
+        was left of its prompt after `computed` of it)."""
+        self.load.release(prompt_tokens, computed)
         self.limiter.prefilled(prompt_tokens)
 
-    def prefill_progress(self, tokens: int) -> None:
-        """A chunk of a prompt in the engine is prefilled: that much less work ahead."""
-        self.load.progress(tokens)
+    def prefill_progress(self, tokens: int, computed: int) -> None:
+        """A chunk of `tokens` of a prompt in the engine, `computed` of it before the
+        chunk, is prefilled: that much less work ahead."""
+        self.load.progress(tokens, computed)
         self.limiter.prefilled(tokens)
 
-    def release(self, pending_tokens: int | None) -> None:
+    def release(self, pending_tokens: int | None, computed: int = 0) -> None:
         """The engine request ended (admitted by `admit`, which took its slot);
-        `pending_tokens`: what was left of its prompt if it never got a first token,
-        else None."""
+        `pending_tokens`: what was left of its prompt (after `computed` of it) if it
+        never got a first token, else None."""
         if pending_tokens is not None:
-            self.load.release(pending_tokens)
+            self.load.release(pending_tokens, computed)
         self.limiter.release(pending_tokens or 0)
-
-
-class PrefillEnd:
-    """Tells admission how far a request's prompt is prefilled: each chunk (from the
-    step probe, on the ledger's thread) and its end once, from the probe or its first
-    output (streamed ones), whichever comes first; never after the request has ended."""
-
-    __slots__ = ("admission", "left", "loop", "pending")
-
-    def __init__(self, admission: Admission | None, prompt_tokens: int,
-                 loop: asyncio.AbstractEventLoop):
-        self.admission, self.left, self.loop = admission, prompt_tokens, loop
-        self.pending = admission is not None
-
-    def from_any_thread(self) -> None:
-        self.loop.call_soon_threadsafe(self.ended)
-
-    def chunk_from_any_thread(self, tokens: int) -> None:
-        self.loop.call_soon_threadsafe(self.chunk, tokens)
-
-    def chunk(self, tokens: int) -> None:
-        done = min(tokens, self.left)
-        if self.pending and done > 0:
-            self.left -= done
-            self.admission.prefill_progress(done)
-
-    def ended(self) -> None:
-        if self.pending:
-            self.pending = False
-            self.admission.first_token(self.left)
-
-    def close(self) -> int | None:
-        """The request ended; returns what was left of its prompt if it was still
-        pending, else None."""
-        pending, self.pending = self.pending, False
-        return self.left if pending else None
 
 
 def _truncated(prompt, keep: int):

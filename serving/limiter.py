@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from observe import registry as R
+from slo.sim.engine_model import attention_pairs
 
 LANE_VIP: Final = "vip"
 LANES: Final = (LANE_VIP, *R.PRIORITIES)  # the order slots are handed out in
@@ -93,18 +94,21 @@ class Limiter:
         """Requests wait because every slot is taken (not merely at the prefill gate)."""
         return self._waiting > 0 and self.in_flight >= self._limit
 
-    def waiting_tokens(self, through_lane: str | None = None,
-                       deadline: float = float("inf")) -> int:
+    def waiting_work(self, through_lane: str | None = None,
+                       deadline: float = float("inf")) -> tuple[int, int]:
         """Prompt tokens waiting in the lanes before `through_lane` and in it those due
         by `deadline` (all lanes and all deadlines when None): what is served before a
-        newcomer to that lane with that deadline."""
+        newcomer to that lane with that deadline; and their attention pairs (fresh
+        prompts: `attention_pairs(0, tokens)` each)."""
         end = len(LANES) if through_lane is None else LANES.index(through_lane) + 1
-        total = 0
+        tokens = pairs = 0
         for lane in LANES[:end]:
             last = lane == LANES[end - 1]
-            total += sum(w.tokens for w in self._lanes[lane]
-                         if not last or w.deadline <= deadline)
-        return total
+            for w in self._lanes[lane]:
+                if not last or w.deadline <= deadline:
+                    tokens += w.tokens
+                    pairs += attention_pairs(0, w.tokens)
+        return tokens, pairs
 
     def slot_wait_s(self, lane: str, now: float | None = None) -> float:
         """Expected wait for a slot for a newcomer in `lane`: none while a slot is free
@@ -176,15 +180,17 @@ class Limiter:
         while self._entries[0][0] < now - ENTRY_MEMORY_S:
             self._entries.popleft()
 
-    def entered_since(self, since: float) -> int:
+    def entered_since(self, since: float) -> tuple[int, int]:
         """Prompt tokens that entered the engine after monotonic time `since` (within
-        the last ENTRY_MEMORY_S): not yet in a step that began before then."""
-        total = 0
+        the last ENTRY_MEMORY_S): not yet in a step that began before then; and their
+        attention pairs."""
+        total = pairs = 0
         for when, tokens in reversed(self._entries):
             if when <= since:
                 break
             total += tokens
-        return total
+            pairs += attention_pairs(0, tokens)
+        return total, pairs
 
     def _forget(self, lane: str, waiter: _Waiter) -> None:
         heap = self._lanes[lane]

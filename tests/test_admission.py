@@ -13,15 +13,16 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
-from serving.admission import Admission, PrefillEnd, Refusal
+from serving.admission import Admission, Refusal
 from serving.engine.fault_injection import FaultInjector
-from serving.engine.load import LoadTracker
+from serving.engine.load import LoadTracker, PrefillEnd
 from serving.engine.stats import EngineSecond
 from serving.errors import from_refusal
 from serving.guard.live_predictor import PredictionService
 from serving.limiter import Limiter, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
+from slo.sim.engine_model import attention_pairs
 
 
 def _admission(decisions: Decisions, target_s: float = 0.5, limit: int = 8) -> Admission:
@@ -96,10 +97,12 @@ def _queue(adm: Admission, tokens: int) -> None:
 
 
 def _ahead(model, queued: int) -> F.WorkAhead:
-    """`queued` tokens in an engine with no step seen yet: half its step in progress,
-    whose chunk is no longer work ahead after it."""
-    return F.WorkAhead(queued - F.in_progress_chunk(model, 0, queued), 0,
-                       F.step_in_progress_s(model, 0, queued))
+    """One fresh prompt of `queued` tokens in an engine with no step seen yet: half its
+    step in progress, whose chunk (and its share of the prompt's attention pairs) is no
+    longer work ahead after it."""
+    pairs, chunk = attention_pairs(0, queued), F.in_progress_chunk(model, 0, queued)
+    return F.WorkAhead(queued - chunk, 0, F.step_in_progress_s(model, 0, queued, None, pairs),
+                       0.0, pairs - F.share_of_pairs(pairs, queued, chunk))
 
 
 @pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [
@@ -152,7 +155,7 @@ def test_refused_requests_are_booked_one_after_another_and_their_retry_claims_it
     assert len(adm.retries) == 2
     adm.load.release(20_000)  # the queue drained; "a" comes back at its time
     now = time.monotonic() + first
-    assert adm.retries.tokens_due(now, now + 0.5) == 200  # both, ahead of newcomers
+    assert adm.retries.work_due(now, now + 0.5) == (200, 2 * attention_pairs(0, 100))  # both
     assert adm.retries.claim("a", 100, now) and len(adm.retries) == 1
 
 
@@ -214,8 +217,8 @@ def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
 
 @pytest.mark.parametrize("entered_before_step_s, since_step_s, ahead, in_step", [
     # a 600-token prompt entered before the step in progress began: the step holds it,
-    # so it is not work ahead after the step; the step has 0.2 s less to go
-    (0.3, 0.1, 0, "step-0.1"),
+    # so it is not work ahead after the step; the step has 0.02 s less to go
+    (0.3, 0.02, 0, "step-0.02"),
     # ... entered after the step began (the engine is decoding): all of it is ahead
     (0.05, 0.1, 600, "none"),
     # no step seen yet: its phase unknown, half a step that holds it
@@ -231,8 +234,8 @@ def test_the_step_in_progress_holds_the_prompts_that_entered_before_it_began(
     adm.engine_model.last_step_end = 0.0 if since_step_s is None else now - since_step_s
     adm.load.admit(600)  # it has no first token yet
     work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), now)
-    step = model.step_s(1, 600)
-    expected = {"step-0.1": step - 0.1, "none": 0.0, "half": 0.5 * step}[in_step]
+    step = model.step_s(1, 600, attention_pairs(0, 600))
+    expected = {"step-0.02": step - 0.02, "none": 0.0, "half": 0.5 * step}[in_step]
     assert work.prefill_tokens == ahead
     assert work.step_remaining_s == pytest.approx(expected)
 
@@ -290,7 +293,7 @@ def test_a_chunked_prompt_leaves_the_work_ahead_chunk_by_chunk():
             PrefillEnd(adm, aborted.prompt_tokens, loop)
 
         def state():  # the gate's count and the load's (the work ahead's source)
-            return adm.limiter.engine_prefill_tokens, adm.load.pending[1]
+            return adm.limiter.engine_prefill_tokens, adm.load.pending[1], adm.load.pending_pairs
         seen.append(state())
         await loop.run_in_executor(None, probe.chunk_from_any_thread, 2048)
         await asyncio.sleep(0)
@@ -301,13 +304,18 @@ def test_a_chunked_prompt_leaves_the_work_ahead_chunk_by_chunk():
         probe.ended()
         seen.append(state())
         probe.chunk(100)  # after the end: nothing
-        adm.release(probe.close())
-        adm.release(other.close())  # aborted mid-prompt: its rest goes
+        probe.release()
+        other.release()  # aborted mid-prompt: its rest goes
         seen.append(state())
         return seen, adm.load.pending
     seen, pending = asyncio.run(scenario())
-    assert seen == [(7000, 7000), (4952, 4952), (2904, 2904), (952, 952), (0, 0)]
-    assert pending == (0, 0)
+    # attention pairs: a fresh prompt of n tokens n(n+1)/2; what is left of one after
+    # c of it, m tokens: c*m + m(m+1)/2 (the rest of a document is its dear part)
+    doc, other = 4000 * 4001 // 2, 3000 * 3001 // 2
+    doc_rest, other_rest = 2048 * 1952 + 1952 * 1953 // 2, 2048 * 952 + 952 * 953 // 2
+    assert seen == [(7000, 7000, doc + other), (4952, 4952, doc_rest + other),
+                    (2904, 2904, doc_rest + other_rest), (952, 952, other_rest), (0, 0, 0)]
+    assert pending == (0, 0) and doc_rest > doc / 2
 
 
 def test_work_ahead_in_its_own_lane_counts_only_those_due_before_it():

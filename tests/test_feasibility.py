@@ -17,7 +17,7 @@ from slo.policy import feasibility as F
 from slo.sim.engine_model import EngineModel
 
 MODEL = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.0001,
-                    step_per_token2_s=0.0, token_budget=1000, kv_capacity_tokens=100_000,
+                    step_per_pair_s=0.0, token_budget=1000, kv_capacity_tokens=100_000,
                     overhead_s=0.02)
 
 
@@ -122,3 +122,40 @@ def test_the_step_in_progress_is_half_the_step_the_engine_is_taking(running, tok
 def test_the_step_in_progress_is_what_is_left_of_it_since_the_last_step_ended(
         since_s, expected_s):
     assert F.step_in_progress_s(MODEL, 0, 500, since_s) == pytest.approx(expected_s)
+
+
+# The same engine with attention: 10 ns per attention pair (a chunk of n tokens after c
+# computed holds c*n + n(n+1)/2 pairs). A 1,000-token prompt alone: 500,500 pairs, 5 ms.
+ATTENDING = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.0001,
+                        step_per_pair_s=1e-8, token_budget=1000, kv_capacity_tokens=100_000,
+                        overhead_s=0.02)
+REST = 1000 * 500 + 500 * 501 // 2  # the last 500 tokens of a 1,500-token document
+
+
+@pytest.mark.parametrize("prompt,work,expected_s", [
+    # a lone prompt: its own pairs, whichever steps it is chunked into
+    (1000, ahead(), 0.02 + 0.11 + 0.005005),
+    (1500, ahead(), 0.02 + 0.11 + 0.06 + 1e-8 * (1500 * 1501 // 2)),
+    # ahead of it, the last 500 tokens of a document 1,000 tokens in: as many tokens as a
+    # fresh 500-token prompt, but attending to the 1,000 before them (6.25 ms, not 1.25)
+    (500, F.WorkAhead(500, 0, prefill_pairs=REST),
+     0.02 + 0.11 + 1e-8 * (REST + 500 * 501 // 2)),
+    (500, F.WorkAhead(500, 0, prefill_pairs=500 * 501 // 2),
+     0.02 + 0.11 + 1e-8 * (2 * (500 * 501 // 2))),
+])
+def test_first_token_estimate_charges_the_attention_pairs_left(prompt, work, expected_s):
+    assert F.first_token_s(ATTENDING, prompt, work) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize("pairs,tokens,part,share", [
+    (1000, 100, 25, 250), (1000, 100, 100, 1000), (1000, 100, 400, 1000), (1000, 0, 10, 0)])
+def test_a_part_of_the_prompts_ahead_takes_its_share_of_their_pairs(pairs, tokens, part,
+                                                                     share):
+    assert F.share_of_pairs(pairs, tokens, part) == share
+
+
+def test_the_step_in_progress_charges_its_chunks_share_of_the_pairs():
+    # the engine holds the 1,500-token rest of a document, 4.5M pairs; a step takes
+    # 1,000 of its tokens (two thirds: 3M pairs): 10 + 100 + 30 ms, half of it unknown
+    step = 0.01 + 0.1 + 1e-8 * 3_000_000
+    assert F.step_in_progress_s(ATTENDING, 0, 1500, None, 4_500_000) == pytest.approx(step / 2)

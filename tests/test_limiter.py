@@ -99,20 +99,23 @@ def test_lanes_in_order_and_earliest_deadline_first_within_each():
                                        "rt-late", "batch-early"]
 
 
-def test_waiting_tokens_counts_earlier_lanes_and_earlier_deadlines_in_its_own():
+def test_waiting_work_counts_earlier_lanes_and_earlier_deadlines_in_its_own():
     async def scenario():
         limiter = Limiter(1)
         await limiter.acquire(RT)
         tasks = await _queue(limiter, [("v", LANE_VIP, 300, 9.0), ("r1", RT, 200, 1.0),
                                        ("r2", RT, 50, 3.0), ("b", BATCH, 1000, 0.1)], [])
-        counts = (limiter.waiting_tokens(), limiter.waiting_tokens(LANE_VIP, 0.0),
-                  limiter.waiting_tokens(RT, 2.0), limiter.waiting_tokens(RT),
-                  limiter.waiting_tokens(BATCH, 0.0))
+        counts = (limiter.waiting_work(), limiter.waiting_work(LANE_VIP, 0.0),
+                  limiter.waiting_work(RT, 2.0), limiter.waiting_work(RT),
+                  limiter.waiting_work(BATCH, 0.0))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return counts, limiter.waiting
-    assert asyncio.run(scenario()) == ((1550, 0, 500, 550, 550), 0)
+    # and their attention pairs, fresh prompts each: n * (n + 1) / 2
+    v, r1, r2, b = 300 * 301 // 2, 200 * 201 // 2, 50 * 51 // 2, 1000 * 1001 // 2
+    assert asyncio.run(scenario()) == (((1550, v + r1 + r2 + b), (0, 0), (500, v + r1),
+                                        (550, v + r1 + r2), (550, v + r1 + r2)), 0)
 
 
 def test_a_waiter_that_gives_up_frees_those_held_behind_it():

@@ -13,19 +13,21 @@ from observe.stats import StepRecord
 from serving.engine.live_model import MIN_STEPS, PRIOR, REFIT_S, LiveEngineModel
 from slo.sim.engine_model import fit_steps
 
-# a made-up engine: 5 ms a step, 1 ms a sequence, 0.2 ms a token
-BASE, PER_SEQ, PER_TOKEN = 0.005, 0.001, 0.0002
+# a made-up engine: 5 ms a step, 1 ms a sequence, 0.2 ms a token, 10 ns an attention pair
+BASE, PER_SEQ, PER_TOKEN, PER_PAIR = 0.005, 0.001, 0.0002, 1e-8
 
 
-def step(i: int, seqs: int, tokens: int, start: float = 100.0) -> StepRecord:
-    duration = BASE + PER_SEQ * seqs + PER_TOKEN * tokens
-    return StepRecord(i, start + i, duration, 0.0, tokens, tuple(f"r{k}" for k in range(seqs)))
+def step(i: int, seqs: int, tokens: int, start: float = 100.0, pairs: int = 0) -> StepRecord:
+    duration = BASE + PER_SEQ * seqs + PER_TOKEN * tokens + PER_PAIR * pairs
+    return StepRecord(i, start + i, duration, 0.0, tokens, tuple(f"r{k}" for k in range(seqs)),
+                      pairs)
 
 
 def test_the_prior_holds_until_enough_steps_then_the_fit_is_the_simulators():
     live = LiveEngineModel(token_budget=1024)
     assert live.model == PRIOR.__class__(**{**PRIOR.describe(), "token_budget": 1024})
-    steps = [step(i, 1 + i % 7, 10 + 37 * i % 900) for i in range(MIN_STEPS - 1)]
+    steps = [step(i, 1 + i % 7, 10 + 37 * i % 900, pairs=(i % 5) * 100_000 + 41 * i * i)
+             for i in range(MIN_STEPS - 1)]
     for s in steps:
         live.on_step(s)
     assert live.refit(now=0.0) is live.model and live.model.steps_fitted == 0  # too few
@@ -35,11 +37,13 @@ def test_the_prior_holds_until_enough_steps_then_the_fit_is_the_simulators():
     coef, r2 = fit_steps(np.array([s.duration_s for s in steps]),
                          np.array([len(s.request_ids) for s in steps], dtype=float),
                          np.array([s.scheduled_tokens for s in steps], dtype=float),
+                         np.array([s.attention_pairs for s in steps], dtype=float),
                          relative=True)
-    assert (model.step_base_s, model.step_per_seq_s, model.step_per_token_s) == \
-        pytest.approx((BASE, PER_SEQ, PER_TOKEN), rel=1e-6)
+    assert (model.step_base_s, model.step_per_seq_s, model.step_per_token_s,
+            model.step_per_pair_s) == pytest.approx((BASE, PER_SEQ, PER_TOKEN, PER_PAIR),
+                                                    rel=1e-6)
     assert [model.step_base_s, model.step_per_seq_s, model.step_per_token_s,
-            model.step_per_token2_s] == pytest.approx(list(coef))
+            model.step_per_pair_s] == pytest.approx(list(coef))
     assert model.token_budget == 1024 and model.steps_fitted == MIN_STEPS
     # refits at most every REFIT_S, and only with new steps
     live.on_step(step(99, 2, 100))

@@ -20,7 +20,7 @@ from observe.query import query_file
 from observe.tracelog import TraceLog
 from slo.policy import conditions as P
 from slo.sim import replay as rp
-from slo.sim.engine_model import MIN_STEPS, EngineModel, calibrate, fit_steps
+from slo.sim.engine_model import MIN_STEPS, EngineModel, attention_pairs, calibrate, fit_steps
 from slo.sim.simulation import LIMITER_MAX_WAIT_S, SimRequest, Simulator
 from tailguard.cmd_replay import replay
 
@@ -30,7 +30,7 @@ DECODE_S = 0.011  # one decode token, one sequence
 
 def model(**overrides) -> EngineModel:
     values = dict(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.001,
-                  step_per_token2_s=0.0, token_budget=100, kv_capacity_tokens=10**9,
+                  step_per_pair_s=0.0, token_budget=100, kv_capacity_tokens=10**9,
                   overhead_s=0.0)
     return EngineModel(**(values | overrides))
 
@@ -264,21 +264,22 @@ def test_fit_steps_recovers_exact_coefficients_on_noise_free_data():
     rng = np.random.default_rng(7)
     seqs = rng.integers(1, 33, 300).astype(float)
     tokens = rng.integers(1, 2049, 300).astype(float)
+    pairs = tokens * rng.integers(0, 4000, 300) + tokens * (tokens + 1) / 2
     truth = [0.004, 0.0003, 0.00002, 2e-9]
-    duration = truth[0] + truth[1] * seqs + truth[2] * tokens + truth[3] * tokens ** 2
-    coef, r2 = fit_steps(duration, seqs, tokens)
+    duration = truth[0] + truth[1] * seqs + truth[2] * tokens + truth[3] * pairs
+    coef, r2 = fit_steps(duration, seqs, tokens, pairs)
     assert coef == pytest.approx(truth, rel=1e-6)
     assert r2 == pytest.approx(1.0)
 
 
 def test_fit_steps_clamps_a_negative_term_to_zero_and_refits_the_rest():
     # a full factorial grid: seqs 1..8 x tokens 100..1000, so seqs is uncorrelated with
-    # tokens and tokens^2. The truth has a negative per-seq cost (-1 ms): that term is
+    # tokens and their pairs. The truth has a negative per-seq cost (-1 ms): that term is
     # dropped and the intercept absorbs its mean, 0.01 - 0.001 * 4.5.
     seqs, tokens = (a.ravel().astype(float) for a in np.meshgrid(np.arange(1, 9),
                                                                    np.arange(100, 1001, 100)))
     duration = 0.01 - 0.001 * seqs + 0.0001 * tokens
-    coef, r2 = fit_steps(duration, seqs, tokens)
+    coef, r2 = fit_steps(duration, seqs, tokens, tokens * (tokens + 1) / 2)
     assert coef[1] == 0.0
     assert coef[[0, 2]] == pytest.approx([0.0055, 0.0001], rel=1e-9)
     assert abs(coef[3]) < 1e-15 and coef[3] >= 0
@@ -299,14 +300,24 @@ def test_engine_model_rejects_unusable_values(field, value):
 
 def test_step_cost_is_the_fitted_formula():
     m = EngineModel(0.004, 0.0003, 0.00002, 2e-9, token_budget=512, kv_capacity_tokens=840)
-    assert m.step_s(3, 200) == pytest.approx(0.004 + 0.0009 + 0.004 + 0.00008)
+    assert m.step_s(3, 200, 40_000) == pytest.approx(0.004 + 0.0009 + 0.004 + 0.00008)
+    # n steps at once: the model is linear, so the sum of their step costs
+    assert m.steps_s(4, 3, 800, 160_000) == pytest.approx(4 * m.step_s(3, 200, 40_000))
     assert m.describe()["token_budget"] == 512
+
+
+def test_attention_pairs_of_a_prompt_do_not_depend_on_its_chunks():
+    assert attention_pairs(0, 1) == 1 and attention_pairs(0, 4) == 1 + 2 + 3 + 4
+    assert attention_pairs(1000, 1) == 1001  # a decode over 1,000 tokens of context
+    whole = attention_pairs(0, 3000)
+    assert attention_pairs(0, 2048) + attention_pairs(2048, 952) == whole
+    assert attention_pairs(2048, 952) > 2 * attention_pairs(0, 952)  # the dear last chunk
 
 
 # --- a synthetic trace log -------------------------------------------------------------
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-COEF = (0.004, 0.0003, 0.00002, 2e-9)  # base, per seq, per token, per token^2
+COEF = (0.004, 0.0003, 0.00002, 2e-9)  # base, per seq, per token, per attention pair
 BUDGET = 512
 STEPS = 240
 SERVED = 30  # ok requests, one every 2 s: t = 0 .. 58
@@ -316,9 +327,9 @@ PROMPT, OUTPUT, MAX_TOKENS = 200, 20, 64
 KV_USAGE = 0.25  # at t+1 of the first 12 requests: 200 + 20 * 0.5 tokens / 0.25 = 840
 
 
-def step_s(seqs: int, tokens: int) -> float:
+def step_s(seqs: int, tokens: int, pairs: int) -> float:
     a, b, c, d = COEF
-    return a + b * seqs + c * tokens + d * tokens * tokens
+    return a + b * seqs + c * tokens + d * pairs
 
 
 def write_trace(path, steps: int = STEPS) -> None:
@@ -327,12 +338,17 @@ def write_trace(path, steps: int = STEPS) -> None:
         for i in range(steps):
             seqs = int(rng.integers(1, 33))
             tokens = BUDGET if i == 0 else int(rng.integers(1, BUDGET))
+            pairs = attention_pairs(int(rng.integers(0, 3000)), tokens)
+            attributes = {"tailguard.step.batch_size": seqs,
+                          "tailguard.step.scheduled_tokens": tokens,
+                          "tailguard.step.attention_pairs": pairs}
+            if i % 10 == 1:  # recorded before the probe counted pairs: read as fresh
+                del attributes["tailguard.step.attention_pairs"]
+                pairs = attention_pairs(0, tokens)
             log.add("spans", {
                 "trace_id": f"t{i}", "span_id": f"s{i}", "name": "llm.step",
-                "start_ts": T0 + i * 0.05, "end_ts": T0 + i * 0.05 + step_s(seqs, tokens),
-                "duration_s": step_s(seqs, tokens),
-                "attributes": {"tailguard.step.batch_size": seqs,
-                               "tailguard.step.scheduled_tokens": tokens}})
+                "start_ts": T0 + i * 0.05, "end_ts": T0 + i * 0.05 + step_s(seqs, tokens, pairs),
+                "duration_s": step_s(seqs, tokens, pairs), "attributes": attributes})
         # neither another span kind nor a step without a duration is fitted
         log.add("spans", {"name": "llm.request", "duration_s": 9.0, "attributes": {
             "tailguard.step.batch_size": 1, "tailguard.step.scheduled_tokens": 5000}})
@@ -388,7 +404,7 @@ def recorded(trace) -> rp.Recorded:
 def test_calibrate_fits_the_recorded_steps(calibrated):
     m = calibrated
     assert (m.step_base_s, m.step_per_seq_s, m.step_per_token_s,
-            m.step_per_token2_s) == pytest.approx(COEF, rel=1e-6)
+            m.step_per_pair_s) == pytest.approx(COEF, rel=1e-6)
     assert m.fit_r2 == pytest.approx(1.0)
     assert m.steps_fitted == STEPS
     assert m.token_budget == BUDGET  # the most any step scheduled
@@ -437,7 +453,7 @@ def test_validate_reports_simulated_minus_actual(calibrated, recorded):
     assert actual == recorded.actual().as_dict()
     # one request at a time, light load: every one is served within its target, TTFT =
     # overhead + one 200-token chunk (a 150-token one for the formerly shed request)
-    ttft = 0.02 + step_s(1, PROMPT)
+    ttft = 0.02 + step_s(1, PROMPT, attention_pairs(0, PROMPT))
     assert simulated["requests"] == 31
     assert simulated["attainment"] == 1.0 and simulated["shed_rate"] == 0.0
     assert simulated["goodput_rps"] == pytest.approx(31 / 58)
@@ -469,7 +485,7 @@ def test_compare_runs_baseline_and_candidate_on_the_same_arrivals(calibrated, re
     assert cand["shed_rate"] == pytest.approx(26 / 31)
     assert cand["attainment"] == pytest.approx(5 / 31)
     assert cand["goodput_rps"] == pytest.approx(5 / 58)
-    assert cand["ttft_p99_s"] == pytest.approx(0.02 + step_s(1, PROMPT))
+    assert cand["ttft_p99_s"] == pytest.approx(0.02 + step_s(1, PROMPT, attention_pairs(0, PROMPT)))
     assert result["candidate_transitions"] == 9
     _, sim = rp.simulate(calibrated, candidate, recorded.arrivals(), recorded.duration_s)
     assert [t for t, _ in sim.transitions] == [1.0, 12.0, 13.0, 24.0, 25.0, 36.0, 37.0,

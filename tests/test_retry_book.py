@@ -44,11 +44,12 @@ def test_booked_prompts_are_work_ahead_of_newcomers_due_after_their_start():
     book = RetryBook()
     book.book("a", 500, 100.0, 2.2, 0.9)  # back at 103
     book.book("b", 300, 100.0, 2.2, 0.9)  # back at 104
-    assert [book.tokens_due(100.5, due) for due in (101.0, 102.5, 103.5, 120.0)] == \
-        [0, 500, 800, 800]
+    a, b = 500 * 501 // 2, 300 * 301 // 2  # their attention pairs, fresh prompts
+    assert [book.work_due(100.5, due) for due in (101.0, 102.5, 103.5, 120.0)] == \
+        [(0, 0), (500, a), (800, a + b), (800, a + b)]
     assert book.claim("a", 500, 103.0)
-    assert book.tokens_due(103.0, 120.0) == 300
-    assert book.tokens_due(107.5, 120.0) == 0  # b lapsed at 107
+    assert book.work_due(103.0, 120.0) == (300, b)
+    assert book.work_due(107.5, 120.0) == (0, 0)  # b lapsed at 107
 
 
 def test_a_book_nobody_came_back_to_starts_afresh():

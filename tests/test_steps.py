@@ -121,31 +121,36 @@ def _new(req_id: str, prompt: int, computed: int = 0) -> SimpleNamespace:
                            num_computed_tokens=computed)
 
 
-@pytest.mark.parametrize("new, cached, states, scheduled, ends, chunks", [
+# attention pairs: a chunk of n tokens after c computed attends c * n + n * (n + 1) / 2
+@pytest.mark.parametrize("new, cached, states, scheduled, ends, chunks, pairs", [
     # a whole prompt in one step: its first token comes out of it
-    ([_new("a", 300)], [], {}, {"a": 300}, ["a"], []),
+    ([_new("a", 300)], [], {}, {"a": 300}, ["a"], [], 300 * 301 // 2),
     # a prefix-cache hit of 256: the rest finishes it
-    ([_new("a", 300, computed=256)], [], {}, {"a": 44}, ["a"], []),
+    ([_new("a", 300, computed=256)], [], {}, {"a": 44}, ["a"], [], 256 * 44 + 44 * 45 // 2),
     # chunked: the first 2,048 of a 4,000-token prompt do not, but are done
-    ([_new("a", 4000)], [], {}, {"a": 2048}, [], [["a", 2048]]),
+    ([_new("a", 4000)], [], {}, {"a": 2048}, [], [["a", 2048]], 2048 * 2049 // 2),
     # ... a prefix-cache hit counts as done with the first chunk
-    ([_new("a", 4000, computed=512)], [], {}, {"a": 1024}, [], [["a", 1536]]),
-    # ... a middle chunk, then the last chunk; a request already decoding: nothing
+    ([_new("a", 4000, computed=512)], [], {}, {"a": 1024}, [], [["a", 1536]],
+     512 * 1024 + 1024 * 1025 // 2),
+    # ... a middle chunk, then the last chunk; a request already decoding: nothing but
+    # its one token over its 301 of context
     ([], [("a", 1024), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1024, "b": 1}, [],
-     [["a", 1024]]),
-    ([], [("a", 2048), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1952, "b": 1}, ["a"], []),
-    # a request the runner no longer holds is skipped, not a crash
-    ([], [("gone", 10)], {}, {"gone": 1}, [], []),
+     [["a", 1024]], 1024 * 1024 + 1024 * 1025 // 2 + 302),
+    ([], [("a", 2048), ("b", 301)], {"a": 4000, "b": 300}, {"a": 1952, "b": 1}, ["a"], [],
+     2048 * 1952 + 1952 * 1953 // 2 + 302),
+    # a request the runner no longer holds is skipped, not a crash (its token counted)
+    ([], [("gone", 10)], {}, {"gone": 1}, [], [], 11),
 ])
 def test_the_probe_names_the_prompts_a_step_finishes_and_advances(new, cached, states,
-                                                                 scheduled, ends, chunks):
+                                                                 scheduled, ends, chunks,
+                                                                 pairs):
     output = SimpleNamespace(
         num_scheduled_tokens=scheduled, scheduled_new_reqs=new,
         scheduled_cached_reqs=SimpleNamespace(req_ids=[c[0] for c in cached],
                                               num_computed_tokens=[c[1] for c in cached]))
     runner = SimpleNamespace(requests={k: SimpleNamespace(num_prompt_tokens=v)
                                        for k, v in states.items()})
-    assert prefill_progress(runner, output) == (ends, chunks)
+    assert prefill_progress(runner, output) == (ends, chunks, pairs)
 
 
 def test_prompt_chunks_and_ends_reach_their_requests_hooks(ledger):
@@ -170,6 +175,11 @@ def test_prompt_chunks_and_ends_reach_their_requests_hooks(ledger):
         sender.sampling_done(at + 0.25, at + 0.26)
     assert ledger.drain() == 2
     assert calls == [2048, "end"]
+    # the steps' attention pairs reach the records the consumers get: the last chunk
+    # attends to the first's 2,048 tokens too
+    ledger._publish()
+    assert [s.attention_pairs for s in ledger.seen] == [2048 * 2049 // 2,
+                                                       2048 * 952 + 952 * 953 // 2]
 
 
 def test_a_finished_prompt_calls_its_requests_hook_once(ledger):

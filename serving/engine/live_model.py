@@ -27,17 +27,19 @@ WINDOW_STEPS = 2000  # about a minute of steps under load
 # enough for a first fit: a fresh server estimates with its own engine's speed.
 MIN_STEPS = 24
 REFIT_S = 5.0
-# The prior: `EngineModel` fitted (`slo.sim.engine_model.calibrate`, R^2 0.98) on the
-# 420 steps of a 60 s 5x surge of the embedded model on the 2-core CPU box (vLLM 0.32
-# CPU backend, 48 MiB KV cache), 2026-12-02; see docs/policies.md.
-PRIOR = EngineModel(step_base_s=0.0111, step_per_seq_s=0.00161, step_per_token_s=0.000826,
-                    step_per_token2_s=1.71e-7, token_budget=2048, kv_capacity_tokens=27_564,
+# The prior: the step terms of `EngineModel` fitted (`slo.sim.engine_model.calibrate`,
+# R^2 0.96) on the 6,481 steps of a 60 s 5x surge of the embedded model (both sides of
+# `bench.policy.surge --seed 2 --factors 5 --rate 1.6`, float32) on a 2-core CPU box
+# (vLLM 0.32 CPU backend), 2026-12-03; KV capacity and overhead from the 5x surge of
+# 2026-12-02 (48 MiB KV cache); see docs/policies.md.
+PRIOR = EngineModel(step_base_s=0.00595, step_per_seq_s=0.000462, step_per_token_s=7.15e-5,
+                    step_per_pair_s=6.42e-8, token_budget=2048, kv_capacity_tokens=27_564,
                     overhead_s=0.0096)
 
 
 class LiveEngineModel:
     def __init__(self, prior: EngineModel = PRIOR, token_budget: int | None = None):
-        self._steps: deque[tuple[float, int, int]] = deque(maxlen=WINDOW_STEPS)
+        self._steps: deque[tuple[float, int, int, int]] = deque(maxlen=WINDOW_STEPS)
         self._lock = threading.Lock()
         self._seen = 0
         self._fitted_at_seen = 0
@@ -55,7 +57,8 @@ class LiveEngineModel:
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer (its own thread)."""
         with self._lock:
-            self._steps.append((step.duration_s, len(step.request_ids), step.scheduled_tokens))
+            self._steps.append((step.duration_s, len(step.request_ids), step.scheduled_tokens,
+                                step.attention_pairs))
             self._seen += 1
         self.last_step_end = step.start + step.duration_s
 
@@ -70,7 +73,7 @@ class LiveEngineModel:
             data = np.array(self._steps, dtype=float)
             self._fitted_at_seen = self._seen
         self._refit_at = now + REFIT_S
-        coef, r2 = fit_steps(data[:, 0], data[:, 1], data[:, 2], relative=True)
+        coef, r2 = fit_steps(*data.T, relative=True)
         if coef[0] <= 0:  # a degenerate window (all steps alike): keep what we had
             return self.model
         self.model = EngineModel(*map(float, coef), token_budget=self.model.token_budget,

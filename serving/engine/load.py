@@ -4,19 +4,31 @@ latency predictor read when a request arrives.
 The engine's own counts (waiting, running, KV-cache usage) arrive with each step
 through the stat logger; the server's counts (requests admitted that have no first
 token yet, and their prompt tokens) change with every request, so a burst is visible
-before the engine has taken a single step of it.
+before the engine has taken a single step of it; `PrefillEnd` takes each prompt off
+them as the step probe sees the engine prefill it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import threading
 import time
+from typing import Protocol
 
 from observe.record import AdmissionLoad
 from observe.stats import StepRecord
 from serving.engine.stats import EngineSecond
+from slo.sim.engine_model import attention_pairs
+
+
+class PrefillListener(Protocol):
+    """What `PrefillEnd` tells (`serving.admission.Admission`)."""
+
+    def prefill_progress(self, tokens: int, computed: int) -> None: ...
+    def first_token(self, prompt_tokens: int, computed: int = 0) -> None: ...
+    def release(self, pending_tokens: int | None, computed: int = 0) -> None: ...
 
 STEP_EWMA_ALPHA = 0.2  # weight of the newest step: about the last ten steps matter
 
@@ -27,6 +39,7 @@ class LoadTracker:
         self._lock = threading.Lock()
         self._pending = 0
         self._pending_tokens = 0
+        self._pending_pairs = 0
         self.recent_step_s = 0.0
 
     def on_step(self, step: StepRecord) -> None:
@@ -39,26 +52,85 @@ class LoadTracker:
         second = self._second
         with self._lock:
             load = AdmissionLoad(second.waiting, second.running, second.kv_cache_usage,
-                                 self.recent_step_s, self._pending, self._pending_tokens)
+                                 self.recent_step_s, self._pending, self._pending_tokens,
+                                 self._pending_pairs)
             self._pending += 1
             self._pending_tokens += prompt_tokens
+            self._pending_pairs += attention_pairs(0, prompt_tokens)
         return load
 
-    def progress(self, tokens: int) -> None:
-        """A chunk of a pending prompt is prefilled: that much less work ahead."""
+    def progress(self, tokens: int, computed: int) -> None:
+        """A chunk of `tokens` of a pending prompt, `computed` of it before the chunk, is
+        prefilled: that much less work ahead."""
         with self._lock:
             self._pending_tokens -= tokens
+            self._pending_pairs -= attention_pairs(computed, tokens)
 
-    def release(self, prompt_tokens: int) -> None:
+    def release(self, prompt_tokens: int, computed: int = 0) -> None:
         """The request's prefill is done (or it left): no longer work ahead of newcomers;
-        `prompt_tokens`: what was left of its prompt (after any `progress`)."""
+        `prompt_tokens`: what was left of its prompt after `computed` of it was
+        prefilled (by `progress`)."""
         with self._lock:
             self._pending -= 1
             self._pending_tokens -= prompt_tokens
+            self._pending_pairs -= attention_pairs(computed, prompt_tokens)
 
     @property
     def pending(self) -> tuple[int, int]:
         return self._pending, self._pending_tokens
+
+    @property
+    def pending_pairs(self) -> int:
+        """The attention pairs left of the pending prompts."""
+        return self._pending_pairs
+
+
+class PrefillEnd:
+    """Tells admission how far a request's prompt is prefilled: each chunk (from the
+    step probe, on the ledger's thread) and its end once, from the probe or its first
+    output (streamed ones), whichever comes first; never after the request has ended."""
+
+    __slots__ = ("admission", "prompt", "left", "loop", "pending")
+
+    def __init__(self, admission: PrefillListener | None, prompt_tokens: int,
+                 loop: asyncio.AbstractEventLoop):
+        self.admission, self.prompt, self.left, self.loop = \
+            admission, prompt_tokens, prompt_tokens, loop
+        self.pending = admission is not None
+
+    @property
+    def computed(self) -> int:
+        """Prompt tokens prefilled so far (by the chunks seen)."""
+        return self.prompt - self.left
+
+    def from_any_thread(self) -> None:
+        self.loop.call_soon_threadsafe(self.ended)
+
+    def chunk_from_any_thread(self, tokens: int) -> None:
+        self.loop.call_soon_threadsafe(self.chunk, tokens)
+
+    def chunk(self, tokens: int) -> None:
+        done = min(tokens, self.left)
+        if self.pending and done > 0:
+            self.admission.prefill_progress(done, self.computed)
+            self.left -= done
+
+    def ended(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.admission.first_token(self.left, self.computed)
+
+    def close(self) -> int | None:
+        """The request ended; returns what was left of its prompt if it was still
+        pending, else None."""
+        pending, self.pending = self.pending, False
+        return self.left if pending else None
+
+    def release(self) -> None:
+        """The request ended: admission gets its slot back, and what was left of its
+        prompt (with the attention pairs of the part left) is no longer work ahead."""
+        if self.admission is not None:
+            self.admission.release(self.close(), self.computed)
 
 
 class ResidentBytes:

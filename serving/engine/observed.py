@@ -25,7 +25,7 @@ import psutil
 
 from observe.record import RequestRecord
 from observe.stats import WallClock
-from serving.admission import Admitted, PrefillEnd, Refusal
+from serving.admission import Admitted, Refusal
 from serving.engine.failures import (
     ENGINE_DEAD,
     ENGINE_HUNG,
@@ -35,6 +35,7 @@ from serving.engine.failures import (
     engine_hang_s,
     is_engine_dead,
 )
+from serving.engine.load import PrefillEnd
 from serving.engine.outputs import absorb, is_delta, prompt_length
 from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
 from serving.engine.step_receiver import StepLedger
@@ -279,8 +280,7 @@ class ObservedEngine:
             mailbox.put(exc)
         finally:
             self.in_flight -= 1
-            if admission is not None:
-                admission.release(prefill.close())
+            prefill.release()
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 absorb(rec, last, tokens, self._clock)

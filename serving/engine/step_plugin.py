@@ -22,6 +22,7 @@ from contextlib import nullcontext
 
 from observe import settings  # stdlib only: cheap in every engine process
 from observe.settings import TAILGUARD_PROFILE_SERVER, TAILGUARD_STEP_SOCKET
+from slo.sim.engine_model import attention_pairs
 
 _PATCHED_FLAG = "_tailguard_step_probe"
 
@@ -38,20 +39,20 @@ class StepSender:
         self.index = 0
         self.dropped = 0
         self._pending: tuple | None = None
-        self._progress: tuple[list, list] = ([], [])
+        self._progress: tuple[list, list, int] = ([], [], 0)
 
     def forward_starts(self, runner, scheduler_output) -> None:
         try:
             self._progress = prefill_progress(runner, scheduler_output)
         except Exception:  # vLLM's internals moved: the server falls back on outputs
-            self._progress = ([], [])
+            self._progress = ([], [], 0)
 
     def forward_done(self, start: float, end: float, scheduler_output) -> None:
         tokens = scheduler_output.num_scheduled_tokens
-        (ends, chunks), self._progress = self._progress, ([], [])
+        (ends, chunks, pairs), self._progress = self._progress, ([], [], 0)
         if tokens:
             self._pending = (start, end - start, scheduler_output.total_num_scheduled_tokens,
-                             list(tokens), ends, chunks)
+                             list(tokens), ends, chunks, pairs)
 
     def sampling_done(self, start: float, end: float) -> None:
         self.send(end - start if self._pending else 0.0)
@@ -60,43 +61,48 @@ class StepSender:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        start, forward_s, tokens, req_ids, ends, chunks = pending
+        start, forward_s, tokens, req_ids, ends, chunks, pairs = pending
         self.index += 1
         payload = json.dumps([self.index, start, forward_s, sampling_s, tokens, req_ids,
-                              ends, chunks])
+                              ends, chunks, pairs])
         try:
             self.sock.sendto(payload.encode(), self.path)
         except OSError:  # server gone or socket full: the engine must not care
             self.dropped += 1
 
 
-def prefill_progress(runner, scheduler_output) -> tuple[list[str], list[list]]:
+def prefill_progress(runner, scheduler_output) -> tuple[list[str], list[list], int]:
     """What this step does to prompts: the requests whose prompt it finishes (their first
     token comes out of it) and `[request, tokens]` for each prompt it advances by a
     chunk without finishing (a long prompt under chunked prefill; a prefix-cache hit
     counts as done when the request is first scheduled). The server learns it here for
     every request, streamed or not (a non-streamed one shows no output before its
     last), so the limiter's prefill gate and the work ahead of newcomers let go of a
-    prompt as the engine works through it, not only at its end."""
+    prompt as the engine works through it, not only at its end. Also the step's
+    attention pairs (`slo.sim.engine_model.attention_pairs`, summed over its requests,
+    decodes included): what a step over long contexts costs beyond its token count."""
     scheduled = scheduler_output.num_scheduled_tokens
-    ends, chunks = [], []
+    ends, chunks, pairs = [], [], 0
     for new in scheduler_output.scheduled_new_reqs:
-        done = new.num_computed_tokens + scheduled.get(new.req_id, 0)
+        step = scheduled.get(new.req_id, 0)
+        pairs += attention_pairs(new.num_computed_tokens, step)
+        done = new.num_computed_tokens + step
         if done >= len(new.prompt_token_ids or ()):
             ends.append(new.req_id)
         elif done:
             chunks.append([new.req_id, done])
     cached, states = scheduler_output.scheduled_cached_reqs, runner.requests
     for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens):
+        step = scheduled.get(req_id, 0)
+        pairs += attention_pairs(computed, step)
         state = states.get(req_id)
         if state is None or computed >= state.num_prompt_tokens:
             continue  # gone, or decoding
-        step = scheduled.get(req_id, 0)
         if computed + step >= state.num_prompt_tokens:
             ends.append(req_id)
         elif step:
             chunks.append([req_id, step])
-    return ends, chunks
+    return ends, chunks, pairs
 
 
 def _wrap(runner_cls, sender: StepSender | None) -> None:

@@ -123,7 +123,7 @@ class StepLedger:
 
     def _apply(self, data: bytes) -> StepRecord | None:
         try:
-            index, start, forward_s, sampling_s, tokens, internal_ids, ends, chunks = \
+            index, start, forward_s, sampling_s, tokens, internal_ids, ends, chunks, pairs = \
                 json.loads(data)
         except ValueError:
             return None
@@ -142,7 +142,7 @@ class StepLedger:
             if tracked is not None and tracked.on_prefilled is not None:
                 _call_hook(tracked.on_prefilled)
         self.steps_seen += 1
-        return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners))
+        return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners), pairs)
 
     def _publish(self) -> None:
         """Consumers (spans, engine stats) run on the ledger's thread, never on the

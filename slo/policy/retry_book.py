@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
+from slo.sim.engine_model import attention_pairs
+
 EARLY_S: Final = 1.0  # a client's clock and rounding: a retry may come this much early
 DEFAULT_GRACE_S: Final = 3.0
 
@@ -63,11 +65,12 @@ class RetryBook:
                 return True
         return False
 
-    def tokens_due(self, now: float, deadline: float) -> int:
+    def work_due(self, now: float, deadline: float) -> tuple[int, int]:
         """Prompt tokens booked to come back before `deadline`: work ahead of a
-        newcomer due then."""
+        newcomer due then; and their attention pairs (fresh prompts)."""
         self._lapse(now)
-        return sum(b.tokens for b in self._bookings if b.start - EARLY_S <= deadline)
+        due = [b.tokens for b in self._bookings if b.start - EARLY_S <= deadline]
+        return sum(due), sum(attention_pairs(0, tokens) for tokens in due)
 
     def _lapse(self, now: float) -> None:
         if self._bookings and self._bookings[0].start + self.grace_s < now:

@@ -1,9 +1,14 @@
 """A model of one engine replica, calibrated from its own trace log: what an engine
 step costs and how much fits in one.
 
-- Step time: least squares of each `llm.step` span's duration on its batch size and
-  scheduled tokens (with a quadratic term for attention over long chunks):
-  `step_s = base + per_seq * seqs + per_token * tokens + per_token2 * tokens^2`.
+- Step time: least squares of each `llm.step` span's duration on its batch size, its
+  scheduled tokens and its attention pairs (each scheduled token times the tokens it
+  attends to: the prompt computed before it and itself), since attention is what makes
+  a long prompt's later chunks dearer than its first and a decode over a long context
+  dearer than one over a short:
+  `step_s = base + per_seq * seqs + per_token * tokens + per_pair * pairs`.
+  A trace log written before the probe counted pairs (no attribute) is read as if each
+  step prefilled fresh prompts (`attention_pairs(0, tokens)`).
 - Token budget: the most tokens any step scheduled (vLLM's max_num_batched_tokens,
   which chunked prefill fills).
 - Overhead: what a request spends outside engine steps even on an idle engine (HTTP,
@@ -27,7 +32,8 @@ MIN_STEPS = 200
 
 STEPS_SQL = """SELECT duration_s,
   CAST(attributes->>'$."tailguard.step.batch_size"' AS INTEGER) AS seqs,
-  CAST(attributes->>'$."tailguard.step.scheduled_tokens"' AS INTEGER) AS tokens
+  CAST(attributes->>'$."tailguard.step.scheduled_tokens"' AS INTEGER) AS tokens,
+  CAST(attributes->>'$."tailguard.step.attention_pairs"' AS BIGINT) AS pairs
 FROM spans WHERE name = 'llm.step' AND duration_s IS NOT NULL
   AND attributes->>'$."tailguard.step.batch_size"' IS NOT NULL
   AND attributes->>'$."tailguard.step.scheduled_tokens"' IS NOT NULL"""
@@ -50,7 +56,7 @@ class EngineModel:
     step_base_s: float
     step_per_seq_s: float
     step_per_token_s: float
-    step_per_token2_s: float
+    step_per_pair_s: float  # per attention pair (`attention_pairs`)
     token_budget: int  # tokens one step can schedule (prefill chunks + decodes)
     kv_capacity_tokens: int
     overhead_s: float = 0.0  # per request, outside engine steps
@@ -61,21 +67,35 @@ class EngineModel:
         if self.step_base_s <= 0 or self.token_budget < 1 or self.kv_capacity_tokens < 1:
             raise ValueError(f"not a usable engine model: {self}")
 
-    def step_s(self, seqs: int, tokens: int) -> float:
+    def step_s(self, seqs: int, tokens: int, pairs: int) -> float:
         return (self.step_base_s + self.step_per_seq_s * seqs + self.step_per_token_s * tokens
-                + self.step_per_token2_s * tokens * tokens)
+                + self.step_per_pair_s * pairs)
+
+    def steps_s(self, steps: int, seqs: int, tokens: int, pairs: int) -> float:
+        """`steps` steps of `seqs` sequences each that schedule `tokens` tokens and
+        `pairs` attention pairs among them: the model is linear, so their sum is this."""
+        return (steps * (self.step_base_s + self.step_per_seq_s * seqs)
+                + self.step_per_token_s * tokens + self.step_per_pair_s * pairs)
 
     def describe(self) -> dict:
         return asdict(self)
 
 
+def attention_pairs(computed: int, scheduled: int) -> int:
+    """Query-key pairs of `scheduled` tokens of one sequence after `computed` of it: token
+    j of the chunk attends to the `computed` before the chunk and the j up to itself.
+    A fresh prompt of P tokens costs `attention_pairs(0, P)` whichever chunks it is
+    prefilled in; a decode step over a context of C tokens `attention_pairs(C, 1)`."""
+    return scheduled * computed + scheduled * (scheduled + 1) // 2
+
+
 def fit_steps(duration: np.ndarray, seqs: np.ndarray, tokens: np.ndarray,
-              relative: bool = False) -> tuple[np.ndarray, float]:
+              pairs: np.ndarray, relative: bool = False) -> tuple[np.ndarray, float]:
     """Non-negative coefficients (a negative cost would let a bigger step be cheaper)
     and R^2 of the fit. `relative`: minimise relative rather than absolute error, so a
     few long prefill steps do not set the cost of the many short ones (what a deadline
     of 200 ms for a short prompt needs)."""
-    X = np.column_stack([np.ones_like(duration), seqs, tokens, tokens.astype(float) ** 2])
+    X = np.column_stack([np.ones_like(duration), seqs, tokens, pairs])
     scale = 1.0 / np.maximum(duration, 1e-6) if relative else np.ones_like(duration)
     Xw, yw = X * scale[:, None], duration * scale
     coef, *_ = np.linalg.lstsq(Xw, yw, rcond=None)
@@ -98,9 +118,10 @@ def calibrate(query: Query) -> EngineModel:
     if len(rows) < MIN_STEPS:
         raise ValueError(f"the trace log holds {len(rows)} engine steps; calibrating "
                          f"needs at least {MIN_STEPS} (record some traffic first)")
-    data = np.array(rows, dtype=float)
-    duration, seqs, tokens = data[:, 0], data[:, 1], data[:, 2]
-    coef, r2 = fit_steps(duration, seqs, tokens)
+    data = np.array([r[:3] + (attention_pairs(0, r[2]) if r[3] is None else r[3],)
+                     for r in rows], dtype=float)
+    duration, seqs, tokens, pairs = data.T
+    coef, r2 = fit_steps(duration, seqs, tokens, pairs)
     return EngineModel(*map(float, coef), token_budget=int(tokens.max()),
                        kv_capacity_tokens=_kv_capacity(query),
                        overhead_s=_overhead(query), steps_fitted=len(rows),

@@ -22,7 +22,7 @@ from slo.policy import conditions as P
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
-from slo.sim.engine_model import EngineModel
+from slo.sim.engine_model import EngineModel, attention_pairs
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
@@ -119,12 +119,15 @@ class Simulator:
     def _work_ahead(self, req: SimRequest) -> F.WorkAhead:
         """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
         yet prefilled, those waiting in its lane or before it, the slot wait."""
-        in_engine = sum(max(0, (r.context or r.prompt) - r.prefilled) for r in self.running)
+        left = [(r.prefilled, max(0, (r.context or r.prompt) - r.prefilled))
+                for r in self.running]
         lanes = R.PRIORITIES[:R.PRIORITIES.index(req.priority) + 1]
-        waiting = [r for lane in lanes for r in self.lanes[lane]]
+        left += [(0, r.prompt) for lane in lanes for r in self.lanes[lane]]
+        waiting = sum(len(self.lanes[lane]) for lane in lanes)
         decoding = sum(1 for r in self.running if r.first_token is not None)
-        return F.WorkAhead(in_engine + sum(r.prompt for r in waiting), decoding,
-                           0.0, self._slot_wait_s(len(waiting)))
+        return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
+                           0.0, self._slot_wait_s(waiting),
+                           sum(attention_pairs(done, tokens) for done, tokens in left))
 
     def _slot_wait_s(self, ahead: int) -> float:
         if len(self.running) < self.decisions.concurrency_limit and not ahead:
@@ -176,7 +179,9 @@ class Simulator:
         if not decoding and not chunks:
             return self._drop_oversized()
         tokens = len(decoding) + sum(take for _, take in chunks)
-        dt = self.model.step_s(len(decoding) + len(chunks), tokens)
+        pairs = sum(attention_pairs(r.context + r.decoded - 1, 1) for r in decoding) \
+            + sum(attention_pairs(r.prefilled, take) for r, take in chunks)
+        dt = self.model.step_s(len(decoding) + len(chunks), tokens, pairs)
         self.now += dt
         self.busy += dt
         for r in decoding:
