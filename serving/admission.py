@@ -145,7 +145,7 @@ class Admission:
         order), and those the limiter will let in before it (the lanes before its own,
         and those in its own due earlier)."""
         model, running = self.engine_model.model, load.running_requests
-        waiting, waiting_pairs = self.limiter.waiting_work()
+        waiting, waiting_pairs, _ = self.limiter.waiting_work()
         in_engine = max(0, load.pending_prefill_tokens - waiting)
         in_engine_pairs = max(0, load.pending_prefill_pairs - waiting_pairs)
         since = self.engine_model.since_last_step_s(now)
@@ -155,12 +155,13 @@ class Admission:
         at_start_pairs = max(0, in_engine_pairs - entered_pairs)
         chunk = F.in_progress_chunk(model, running, at_start)
         chunk_pairs = F.share_of_pairs(at_start_pairs, at_start, chunk)
-        ahead, ahead_pairs = self.limiter.waiting_work(lane, deadline)
+        ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline)
         return F.WorkAhead(in_engine - chunk + ahead, running,
                            F.step_in_progress_s(model, running, at_start, since,
                                                 at_start_pairs),
                            self.limiter.slot_wait_s(lane, now),
-                           in_engine_pairs - chunk_pairs + ahead_pairs)
+                           in_engine_pairs - chunk_pairs + ahead_pairs,
+                           self.limiter.engine_prefill_prompts + ahead_prompts)
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
                         prompt_tokens: int, target: float | None,
@@ -234,7 +235,7 @@ class Admission:
         """Its prefill is done: no longer work ahead of newcomers (`prompt_tokens`: what
         was left of its prompt after `computed` of it)."""
         self.load.release(prompt_tokens, computed)
-        self.limiter.prefilled(prompt_tokens)
+        self.limiter.prefilled(prompt_tokens, finished=True)
 
     def prefill_progress(self, tokens: int, computed: int) -> None:
         """A chunk of `tokens` of a prompt in the engine, `computed` of it before the
@@ -248,7 +249,7 @@ class Admission:
         never got a first token, else None."""
         if pending_tokens is not None:
             self.load.release(pending_tokens, computed)
-        self.limiter.release(pending_tokens or 0)
+        self.limiter.release(pending_tokens)
 
 
 def _truncated(prompt, keep: int):

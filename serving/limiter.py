@@ -61,6 +61,11 @@ class Limiter:
         self.max_wait_s = max_wait_s
         self.in_flight = 0
         self.engine_prefill_tokens = 0  # prompt tokens in the engine, not yet prefilled
+        self.engine_prefill_prompts = 0  # how many prompts those are
+        # The engine's per-request chunk cap (vLLM's long_prefill_token_threshold; 0:
+        # none): with one, the engine prefills its prompts side by side, at most `cap`
+        # tokens each a step, so the gate counts each prompt it holds as `cap` tokens.
+        self.prefill_chunk_cap = 0
         self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
         self._waiting = 0
         self._seq = itertools.count()
@@ -95,20 +100,21 @@ class Limiter:
         return self._waiting > 0 and self.in_flight >= self._limit
 
     def waiting_work(self, through_lane: str | None = None,
-                       deadline: float = float("inf")) -> tuple[int, int]:
+                     deadline: float = float("inf")) -> tuple[int, int, int]:
         """Prompt tokens waiting in the lanes before `through_lane` and in it those due
         by `deadline` (all lanes and all deadlines when None): what is served before a
-        newcomer to that lane with that deadline; and their attention pairs (fresh
-        prompts: `attention_pairs(0, tokens)` each)."""
+        newcomer to that lane with that deadline; their attention pairs (fresh
+        prompts: `attention_pairs(0, tokens)` each); how many prompts."""
         end = len(LANES) if through_lane is None else LANES.index(through_lane) + 1
-        tokens = pairs = 0
+        tokens = pairs = prompts = 0
         for lane in LANES[:end]:
             last = lane == LANES[end - 1]
             for w in self._lanes[lane]:
                 if not last or w.deadline <= deadline:
                     tokens += w.tokens
                     pairs += attention_pairs(0, w.tokens)
-        return tokens, pairs
+                    prompts += 1
+        return tokens, pairs, prompts
 
     def slot_wait_s(self, lane: str, now: float | None = None) -> float:
         """Expected wait for a slot for a newcomer in `lane`: none while a slot is free
@@ -143,7 +149,7 @@ class Limiter:
             await asyncio.wait_for(asyncio.shield(waiter.future), wait)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
             if waiter.future.done() and not waiter.future.cancelled():
-                self.release(tokens)  # it entered just as we gave up: pass the room on
+                self.release(tokens or None)  # it entered just as we gave up: pass it on
             else:
                 waiter.future.cancel()
                 self._forget(lane, waiter)
@@ -151,16 +157,21 @@ class Limiter:
                 raise LimiterTimeout(f"waited {wait:g} s for an engine slot")
             raise
 
-    def prefilled(self, tokens: int) -> None:
-        """A request's prompt is prefilled: it no longer stands at the gate."""
+    def prefilled(self, tokens: int, finished: bool = False) -> None:
+        """`tokens` of a request's prompt are prefilled (`finished`: the last of them):
+        they no longer stand at the gate."""
         self.engine_prefill_tokens -= tokens
+        if finished:
+            self.engine_prefill_prompts = max(0, self.engine_prefill_prompts - 1)
         self._wake()
 
-    def release(self, pending_tokens: int = 0) -> None:
-        """A request left the engine; `pending_tokens`: its prompt, if it left before
-        its first token (else 0: `prefilled` already took it off)."""
+    def release(self, pending_tokens: int | None = None) -> None:
+        """A request left the engine; `pending_tokens`: what was left of its prompt, if
+        it left before its first token (else None: `prefilled` already took it off)."""
         self.in_flight -= 1
-        self.engine_prefill_tokens -= pending_tokens
+        if pending_tokens is not None:
+            self.engine_prefill_tokens -= pending_tokens
+            self.engine_prefill_prompts = max(0, self.engine_prefill_prompts - 1)
         now = time.monotonic()
         self._releases.append(now)
         self._forget_releases(now)
@@ -169,12 +180,18 @@ class Limiter:
     def _fits(self, tokens: int) -> bool:
         if self.in_flight >= self._limit:
             return False
-        gate, ahead = self._gate, self.engine_prefill_tokens
-        return gate is None or ahead <= 0 or ahead + tokens <= gate
+        gate, cap, prompts = self._gate, self.prefill_chunk_cap, self.engine_prefill_prompts
+        if gate is None:
+            return True
+        if cap:
+            return prompts <= 0 or prompts * cap + min(cap, tokens) <= gate
+        ahead = self.engine_prefill_tokens
+        return ahead <= 0 or ahead + tokens <= gate
 
     def _enter(self, tokens: int) -> None:
         self.in_flight += 1
         self.engine_prefill_tokens += tokens
+        self.engine_prefill_prompts += tokens > 0
         now = time.monotonic()
         self._entries.append((now, tokens))
         while self._entries[0][0] < now - ENTRY_MEMORY_S:

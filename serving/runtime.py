@@ -209,8 +209,10 @@ class Runtime:
         engine = await asyncio.to_thread(start_engine, self._args,
                                          [stat_logger_factory(self.second)])
         started = time.monotonic()
-        self.engine_model.set_token_budget(
-            engine.vllm_config.scheduler_config.max_num_batched_tokens)
+        scheduler = engine.vllm_config.scheduler_config
+        cap = int(scheduler.long_prefill_token_threshold or 0)
+        self.engine_model.set_engine_limits(scheduler.max_num_batched_tokens, cap)
+        self.guard.limiter.prefill_chunk_cap = cap
         model_config = engine.model_config
         calls = await warm_up(engine, model_config.max_model_len,
                               model_config.get_vocab_size(), measure=not restart)

@@ -159,3 +159,28 @@ def test_the_step_in_progress_charges_its_chunks_share_of_the_pairs():
     # 1,000 of its tokens (two thirds: 3M pairs): 10 + 100 + 30 ms, half of it unknown
     step = 0.01 + 0.1 + 1e-8 * 3_000_000
     assert F.step_in_progress_s(ATTENDING, 0, 1500, None, 4_500_000) == pytest.approx(step / 2)
+
+
+# The first engine under a per-request chunk cap of 250 tokens (vLLM's
+# long_prefill_token_threshold): each prompt gets at most 250 tokens a step while
+# another request is in the engine.
+CAPPED = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.0001,
+                     step_per_pair_s=0.0, token_budget=1000, kv_capacity_tokens=100_000,
+                     overhead_s=0.02, prefill_chunk_cap=250)
+
+
+@pytest.mark.parametrize("prompt,work,expected_s", [
+    # behind a 2,500-token document: its 500 tokens in two steps beside two of the
+    # document's chunks (1,000 tokens in all), not after the whole document (0.35 s)
+    (500, F.WorkAhead(2500, 0, prompts=1), 0.02 + 2 * 0.01 + 0.0001 * 1000),
+    # alone in the engine: no cap, one step
+    (500, F.WorkAhead(0, 0), 0.02 + 0.06),
+    # beside 100 decodes the cap holds: two steps of 250 + 100
+    (500, F.WorkAhead(0, 100), 0.02 + 2 * 0.01 + 0.0001 * 700),
+    # four prompts ahead take the whole budget (4 x 250 + 250 > 1000): arrival order,
+    # 4,500 tokens in four full steps and one of 500
+    (500, F.WorkAhead(4000, 0, prompts=4), 0.02 + 4 * 0.11 + 0.06),
+])
+def test_under_a_chunk_cap_a_prompt_is_prefilled_beside_those_ahead(prompt, work,
+                                                                     expected_s):
+    assert F.first_token_s(CAPPED, prompt, work) == pytest.approx(expected_s)

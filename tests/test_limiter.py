@@ -112,10 +112,11 @@ def test_waiting_work_counts_earlier_lanes_and_earlier_deadlines_in_its_own():
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return counts, limiter.waiting
-    # and their attention pairs, fresh prompts each: n * (n + 1) / 2
+    # and their attention pairs, fresh prompts each: n * (n + 1) / 2; and how many
     v, r1, r2, b = 300 * 301 // 2, 200 * 201 // 2, 50 * 51 // 2, 1000 * 1001 // 2
-    assert asyncio.run(scenario()) == (((1550, v + r1 + r2 + b), (0, 0), (500, v + r1),
-                                        (550, v + r1 + r2), (550, v + r1 + r2)), 0)
+    assert asyncio.run(scenario()) == (((1550, v + r1 + r2 + b, 4), (0, 0, 0),
+                                        (500, v + r1, 2), (550, v + r1 + r2, 3),
+                                        (550, v + r1 + r2, 3)), 0)
 
 
 def test_a_waiter_that_gives_up_frees_those_held_behind_it():
@@ -138,11 +139,32 @@ def test_leaving_before_the_first_token_takes_the_prompt_off_the_gate():
         limiter = Limiter(4, prefill_gate=1000)
         await limiter.acquire(RT, tokens=700)
         await limiter.acquire(RT, tokens=200)
-        limiter.prefilled(200)
+        limiter.prefilled(200, finished=True)
         limiter.release()  # the second ended after its first token
         limiter.release(700)  # the first failed before it
-        return limiter.in_flight, limiter.engine_prefill_tokens
-    assert asyncio.run(scenario()) == (0, 0)
+        return limiter.in_flight, limiter.engine_prefill_tokens, limiter.engine_prefill_prompts
+    assert asyncio.run(scenario()) == (0, 0, 0)
+
+
+def test_with_a_chunk_cap_the_gate_counts_each_prompt_as_one_capped_chunk():
+    """The engine prefills its prompts side by side, `cap` tokens each a step: a
+    newcomer enters while its chunk and one of each prompt there fit the gate, however
+    long those prompts are."""
+    async def scenario():
+        limiter = Limiter(8, prefill_gate=1000)
+        limiter.prefill_chunk_cap = 256
+        await limiter.acquire(RT, tokens=3000)  # nothing pending: enters
+        await limiter.acquire(RT, tokens=3000)  # 256 + 256 <= 1000 (by tokens: 6000)
+        await limiter.acquire(RT, tokens=100)  # 2 x 256 + 100
+        order: list[str] = []
+        waiting = await _queue(limiter, [("fourth", RT, 500, 1.0)], order)
+        await _settle()
+        held = (list(order), limiter.engine_prefill_prompts)  # 3 x 256 + 256 > 1000
+        limiter.prefilled(100, finished=True)  # the short one is done: room for one
+        await asyncio.gather(*waiting)
+        limiter.prefilled(2048)  # a chunk of a document: still pending
+        return held, order, limiter.engine_prefill_prompts, limiter.engine_prefill_tokens
+    assert asyncio.run(scenario()) == (([], 3), ["fourth"], 3, 6500 - 2048)
 
 
 def test_opening_the_gate_or_turning_it_off_lets_the_waiters_in():

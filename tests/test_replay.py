@@ -78,6 +78,21 @@ def test_continuous_batching_decodes_take_the_token_budget_first():
     assert (a.generated, b.generated) == (3, 1)
 
 
+def test_under_a_chunk_cap_a_short_prompt_is_prefilled_beside_a_document():
+    """vLLM's long_prefill_token_threshold: while another request is in the engine each
+    prompt gets at most `cap` tokens a step, so a short prompt behind a document does
+    not wait for all of it; alone, a prompt takes the whole budget."""
+    doc, short = SimRequest(0.0, 300, 1), SimRequest(0.0, 40, 1)
+    run([doc, short], engine=model(prefill_chunk_cap=50))
+    # step 1: doc 50 + short 40 (0.01 + 0.09); the short one's first token comes out
+    assert short.first_token == pytest.approx(0.1)
+    # then the doc alone: 250 tokens, whole budget: 100 + 100 + 50
+    assert doc.first_token == pytest.approx(0.1 + 0.11 + 0.11 + 0.06)
+    alone = SimRequest(0.0, 300, 1)
+    run([alone], engine=model(prefill_chunk_cap=50))
+    assert alone.first_token == pytest.approx(0.11 * 3)
+
+
 def test_a_prompt_waits_until_it_fits_the_kv_cache():
     a, b = SimRequest(0.0, 200, 2), SimRequest(0.0, 200, 1)
     run([a, b], engine=model(kv_capacity_tokens=300))

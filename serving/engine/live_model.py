@@ -8,7 +8,8 @@ prompt's deadline) on the newest `WINDOW_STEPS` engine steps every `REFIT_S`
 so a fresh server is calibrated before its first request). Until `MIN_STEPS` steps
 have been seen it is the shipped prior: the embedded model on a 2-core CPU box,
 measured (`docs/policies.md`).
-The token budget is the engine's own `max_num_batched_tokens`.
+The token budget is the engine's own `max_num_batched_tokens`, the per-request chunk cap
+its `long_prefill_token_threshold`.
 """
 
 from __future__ import annotations
@@ -49,10 +50,11 @@ class LiveEngineModel:
         self.last_step_end = 0.0  # monotonic
         self._pending_since: float | None = None  # work has waited since (monotonic)
 
-    def set_token_budget(self, token_budget: int) -> None:
-        """The engine's max_num_batched_tokens (known once it has started)."""
-        self.model = _with_budget(self.model, token_budget)
-        self.prior = _with_budget(self.prior, token_budget)
+    def set_engine_limits(self, token_budget: int, chunk_cap: int = 0) -> None:
+        """The engine's max_num_batched_tokens and long_prefill_token_threshold (known
+        once it has started)."""
+        self.model = _with_budget(self.model, token_budget, chunk_cap)
+        self.prior = _with_budget(self.prior, token_budget, chunk_cap)
 
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer (its own thread)."""
@@ -77,6 +79,7 @@ class LiveEngineModel:
         if coef[0] <= 0:  # a degenerate window (all steps alike): keep what we had
             return self.model
         self.model = EngineModel(*map(float, coef), token_budget=self.model.token_budget,
+                                 prefill_chunk_cap=self.model.prefill_chunk_cap,
                                  kv_capacity_tokens=self.prior.kv_capacity_tokens,
                                  overhead_s=self.prior.overhead_s, steps_fitted=len(data),
                                  fit_r2=r2)
@@ -106,7 +109,11 @@ class LiveEngineModel:
         return max(0.0, now - max(self.last_step_end, self._pending_since))
 
 
-def _with_budget(model: EngineModel, token_budget: int | None) -> EngineModel:
-    if not token_budget or token_budget == model.token_budget:
+def _with_budget(model: EngineModel, token_budget: int | None,
+                 chunk_cap: int = 0) -> EngineModel:
+    if (not token_budget or token_budget == model.token_budget) \
+            and chunk_cap == model.prefill_chunk_cap:
         return model
-    return EngineModel(**{**model.describe(), "token_budget": int(token_budget)})
+    return EngineModel(**{**model.describe(), "token_budget": int(token_budget or
+                                                                  model.token_budget),
+                          "prefill_chunk_cap": int(chunk_cap)})

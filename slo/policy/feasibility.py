@@ -57,6 +57,7 @@ class WorkAhead:
     step_remaining_s: float = 0.0  # of the engine step in progress
     slot_wait_s: float = 0.0  # expected wait for a concurrency slot (0: one is free)
     prefill_pairs: int = 0  # attention pairs left of those prompt tokens (`attention_pairs`)
+    prompts: int = 0  # how many prompts those tokens are (what a per-request cap shares)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +116,30 @@ def share_of_pairs(pairs: int, tokens: int, part: int) -> int:
 def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
     """Estimated seconds from now to the request's first token."""
     return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
-            + prefill_s(model, ahead.prefill_tokens + prompt_tokens, ahead.running,
-                        ahead.prefill_pairs + attention_pairs(0, prompt_tokens)))
+            + own_prefill_s(model, prompt_tokens, ahead))
+
+
+def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
+    """Engine time until the request's prompt is prefilled. In arrival order, the
+    prompts ahead first, then its own. Under a per-request chunk cap (vLLM's
+    `long_prefill_token_threshold`, applied while another request is in the engine)
+    every prompt gets at most `cap` tokens a step: its own advances from the first step
+    beside those ahead, which take what their caps allow of each step meanwhile,
+    as long as the step's budget holds them all; if it cannot, arrival order again."""
+    cap, own_pairs = model.prefill_chunk_cap, attention_pairs(0, prompt_tokens)
+    room = model.token_budget - ahead.running
+    beside = min(ahead.prompts * cap, ahead.prefill_tokens)  # ahead's tokens a step
+    if not cap or not (ahead.running or ahead.prompts) or beside + min(cap, prompt_tokens) > room:
+        return prefill_s(model, ahead.prefill_tokens + prompt_tokens, ahead.running,
+                         ahead.prefill_pairs + own_pairs)
+    if prompt_tokens <= 0:
+        return 0.0
+    steps = -(-prompt_tokens // cap)
+    done_ahead = min(ahead.prefill_tokens, steps * beside)
+    return model.steps_s(steps, ahead.running + ahead.prompts + 1,
+                         steps * ahead.running + prompt_tokens + done_ahead,
+                         own_pairs + share_of_pairs(ahead.prefill_pairs, ahead.prefill_tokens,
+                                                    done_ahead))
 
 
 def drain_s(model: EngineModel, ahead: WorkAhead) -> float:

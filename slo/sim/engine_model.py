@@ -60,6 +60,9 @@ class EngineModel:
     token_budget: int  # tokens one step can schedule (prefill chunks + decodes)
     kv_capacity_tokens: int
     overhead_s: float = 0.0  # per request, outside engine steps
+    # the most prompt tokens one request gets a step while another is in the engine
+    # (vLLM's long_prefill_token_threshold; 0: none, a prompt takes the whole budget)
+    prefill_chunk_cap: int = 0
     steps_fitted: int = 0
     fit_r2: float = float("nan")
 

@@ -127,7 +127,8 @@ class Simulator:
         decoding = sum(1 for r in self.running if r.first_token is not None)
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
                            0.0, self._slot_wait_s(waiting),
-                           sum(attention_pairs(done, tokens) for done, tokens in left))
+                           sum(attention_pairs(done, tokens) for done, tokens in left),
+                           sum(1 for _, tokens in left if tokens > 0))
 
     def _slot_wait_s(self, ahead: int) -> float:
         if len(self.running) < self.decisions.concurrency_limit and not ahead:
@@ -162,6 +163,8 @@ class Simulator:
         decoding = self._make_room()
         budget = self.model.token_budget - len(decoding)
         kv_free = self.model.kv_capacity_tokens - self._kv_used() - len(decoding)
+        # vLLM caps each prompt's chunk only while another request is in the engine
+        cap = (self.model.prefill_chunk_cap or budget) if len(self.running) > 1 else budget
         chunks = []
         for r in self.running:
             if budget <= 0:
@@ -173,7 +176,7 @@ class Simulator:
                 r.started = True
                 kv_free -= r.context
             if r.prefilled < r.context:
-                take = min(r.context - r.prefilled, budget)
+                take = min(r.context - r.prefilled, budget, cap)
                 chunks.append((r, take))
                 budget -= take
         if not decoding and not chunks:
