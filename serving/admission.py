@@ -149,16 +149,17 @@ class Admission:
         in_engine = max(0, load.pending_prefill_tokens - waiting)
         in_engine_pairs = max(0, load.pending_prefill_pairs - waiting_pairs)
         since = self.engine_model.since_last_step_s(now)
-        entered, entered_pairs = (0, 0) if since is None else \
+        entered, entered_pairs, entered_prompts = (0, 0, 0) if since is None else \
             self.limiter.entered_since(now - since)
         at_start = max(0, in_engine - entered)
         at_start_pairs = max(0, in_engine_pairs - entered_pairs)
-        chunk = F.in_progress_chunk(model, running, at_start)
+        at_start_prompts = max(0, self.limiter.engine_prefill_prompts - entered_prompts)
+        chunk = F.in_progress_chunk(model, running, at_start, at_start_prompts)
         chunk_pairs = F.share_of_pairs(at_start_pairs, at_start, chunk)
         ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline)
         return F.WorkAhead(in_engine - chunk + ahead, running,
                            F.step_in_progress_s(model, running, at_start, since,
-                                                at_start_pairs),
+                                                at_start_pairs, at_start_prompts),
                            self.limiter.slot_wait_s(lane, now),
                            in_engine_pairs - chunk_pairs + ahead_pairs,
                            self.limiter.engine_prefill_prompts + ahead_prompts)

@@ -197,17 +197,18 @@ class Limiter:
         while self._entries[0][0] < now - ENTRY_MEMORY_S:
             self._entries.popleft()
 
-    def entered_since(self, since: float) -> tuple[int, int]:
+    def entered_since(self, since: float) -> tuple[int, int, int]:
         """Prompt tokens that entered the engine after monotonic time `since` (within
-        the last ENTRY_MEMORY_S): not yet in a step that began before then; and their
-        attention pairs."""
-        total = pairs = 0
+        the last ENTRY_MEMORY_S): not yet in a step that began before then; their
+        attention pairs; how many prompts."""
+        total = pairs = prompts = 0
         for when, tokens in reversed(self._entries):
             if when <= since:
                 break
             total += tokens
             pairs += attention_pairs(0, tokens)
-        return total, pairs
+            prompts += tokens > 0
+        return total, pairs, prompts
 
     def _forget(self, lane: str, waiter: _Waiter) -> None:
         heap = self._lanes[lane]

@@ -184,3 +184,16 @@ CAPPED = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.00
 def test_under_a_chunk_cap_a_prompt_is_prefilled_beside_those_ahead(prompt, work,
                                                                      expected_s):
     assert F.first_token_s(CAPPED, prompt, work) == pytest.approx(expected_s)
+
+
+@pytest.mark.parametrize("running,tokens,prompts,chunk", [
+    (0, 2500, 1, 1000),  # one prompt alone: no cap, the whole budget
+    (0, 2500, 2, 500),  # two prompts: 250 each
+    (10, 2500, 1, 250),  # beside decodes the cap holds
+    (0, 2500, 8, 1000),  # eight prompts: the budget is the bound
+    (0, 300, 3, 300),  # less left than three chunks
+])
+def test_under_a_chunk_cap_the_step_in_progress_holds_a_chunk_of_each_prompt(
+        running, tokens, prompts, chunk):
+    assert F.in_progress_chunk(CAPPED, running, tokens, prompts) == chunk
+    assert F.in_progress_chunk(MODEL, running, tokens, prompts) == min(1000 - running, tokens)

@@ -81,7 +81,8 @@ def prefill_s(model: EngineModel, tokens: int, running: int,
 
 
 def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int,
-                       since_last_step_s: float | None = None, prefill_pairs: int = 0) -> float:
+                       since_last_step_s: float | None = None, prefill_pairs: int = 0,
+                       prompts: int = 1) -> float:
     """Expected remainder of the engine's step in progress when a request arrives
     (none when it has nothing to do): the step the engine is taking (its decodes and
     `in_progress_chunk` of the prefill it held when the step began) less the time since
@@ -90,7 +91,7 @@ def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int,
     are its share of `prefill_pairs`, those of the prompts it comes from."""
     if running <= 0 and prefill_tokens <= 0:
         return 0.0
-    chunk = in_progress_chunk(model, running, prefill_tokens)
+    chunk = in_progress_chunk(model, running, prefill_tokens, prompts)
     step = model.step_s(running + (chunk > 0), running + chunk,
                         share_of_pairs(prefill_pairs, prefill_tokens, chunk))
     if since_last_step_s is not None and 0 <= since_last_step_s < step:
@@ -98,11 +99,18 @@ def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int,
     return 0.5 * step
 
 
-def in_progress_chunk(model: EngineModel, running: int, prefill_tokens: int) -> int:
-    """Prompt tokens the step in progress prefills, of `prefill_tokens` the engine held
-    when it began: what is left of its token budget after one decode per running
-    sequence. They are done when the step is: not work ahead after it."""
-    return min(max(0, model.token_budget - running), max(0, prefill_tokens))
+def in_progress_chunk(model: EngineModel, running: int, prefill_tokens: int,
+                      prompts: int = 1) -> int:
+    """Prompt tokens the step in progress prefills, of `prefill_tokens` (`prompts`
+    prompts) the engine held when it began: what is left of its token budget after one
+    decode per running sequence, and under a per-request chunk cap at most the cap for
+    each prompt while another request is there. They are done when the step is: not
+    work ahead after it."""
+    chunk = min(max(0, model.token_budget - running), max(0, prefill_tokens))
+    cap = model.prefill_chunk_cap
+    if cap and (running or prompts > 1):
+        chunk = min(chunk, max(1, prompts) * cap)
+    return chunk
 
 
 def share_of_pairs(pairs: int, tokens: int, part: int) -> int:
