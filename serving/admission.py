@@ -154,14 +154,12 @@ class Admission:
         at_start = max(0, in_engine - entered)
         at_start_pairs = max(0, in_engine_pairs - entered_pairs)
         at_start_prompts = max(0, self.limiter.engine_prefill_prompts - entered_prompts)
-        chunk = F.in_progress_chunk(model, running, at_start, at_start_prompts)
-        chunk_pairs = F.share_of_pairs(at_start_pairs, at_start, chunk)
+        step = F.step_in_progress(model, running, at_start, since, at_start_pairs,
+                                  at_start_prompts)
         ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline)
-        return F.WorkAhead(in_engine - chunk + ahead, running,
-                           F.step_in_progress_s(model, running, at_start, since,
-                                                at_start_pairs, at_start_prompts),
+        return F.WorkAhead(in_engine - step.chunk + ahead, running, step.remaining_s,
                            self.limiter.slot_wait_s(lane, now),
-                           in_engine_pairs - chunk_pairs + ahead_pairs,
+                           in_engine_pairs - step.chunk_pairs + ahead_pairs,
                            self.limiter.engine_prefill_prompts + ahead_prompts)
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,

@@ -100,9 +100,9 @@ def _ahead(model, queued: int) -> F.WorkAhead:
     """One fresh prompt of `queued` tokens in an engine with no step seen yet: half its
     step in progress, whose chunk (and its share of the prompt's attention pairs) is no
     longer work ahead after it."""
-    pairs, chunk = attention_pairs(0, queued), F.in_progress_chunk(model, 0, queued)
-    return F.WorkAhead(queued - chunk, 0, F.step_in_progress_s(model, 0, queued, None, pairs),
-                       0.0, pairs - F.share_of_pairs(pairs, queued, chunk))
+    pairs = attention_pairs(0, queued)
+    step = F.step_in_progress(model, 0, queued, None, pairs)
+    return F.WorkAhead(queued - step.chunk, 0, step.remaining_s, 0.0, pairs - step.chunk_pairs)
 
 
 @pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [

@@ -108,7 +108,7 @@ def test_retry_after_is_capped_and_whole():
 ])
 def test_the_step_in_progress_is_half_the_step_the_engine_is_taking(running, tokens,
                                                                     expected_s):
-    assert F.step_in_progress_s(MODEL, running, tokens) == pytest.approx(expected_s)
+    assert F.step_in_progress(MODEL, running, tokens).remaining_s == pytest.approx(expected_s)
 
 
 @pytest.mark.parametrize("since_s,expected_s", [
@@ -121,7 +121,7 @@ def test_the_step_in_progress_is_half_the_step_the_engine_is_taking(running, tok
 ])
 def test_the_step_in_progress_is_what_is_left_of_it_since_the_last_step_ended(
         since_s, expected_s):
-    assert F.step_in_progress_s(MODEL, 0, 500, since_s) == pytest.approx(expected_s)
+    assert F.step_in_progress(MODEL, 0, 500, since_s).remaining_s == pytest.approx(expected_s)
 
 
 # The same engine with attention: 10 ns per attention pair (a chunk of n tokens after c
@@ -158,7 +158,8 @@ def test_the_step_in_progress_charges_its_chunks_share_of_the_pairs():
     # the engine holds the 1,500-token rest of a document, 4.5M pairs; a step takes
     # 1,000 of its tokens (two thirds: 3M pairs): 10 + 100 + 30 ms, half of it unknown
     step = 0.01 + 0.1 + 1e-8 * 3_000_000
-    assert F.step_in_progress_s(ATTENDING, 0, 1500, None, 4_500_000) == pytest.approx(step / 2)
+    assert F.step_in_progress(ATTENDING, 0, 1500, None, 4_500_000) == \
+        F.StepInProgress(1000, 3_000_000, pytest.approx(step / 2))
 
 
 # The first engine under a per-request chunk cap of 250 tokens (vLLM's

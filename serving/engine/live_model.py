@@ -46,15 +46,15 @@ class LiveEngineModel:
         self._fitted_at_seen = 0
         self._refit_at = 0.0
         self.prior = prior
-        self.model = _with_budget(prior, token_budget)
+        self.model = _with_limits(prior, token_budget)
         self.last_step_end = 0.0  # monotonic
         self._pending_since: float | None = None  # work has waited since (monotonic)
 
     def set_engine_limits(self, token_budget: int, chunk_cap: int = 0) -> None:
         """The engine's max_num_batched_tokens and long_prefill_token_threshold (known
         once it has started)."""
-        self.model = _with_budget(self.model, token_budget, chunk_cap)
-        self.prior = _with_budget(self.prior, token_budget, chunk_cap)
+        self.model = _with_limits(self.model, token_budget, chunk_cap)
+        self.prior = _with_limits(self.prior, token_budget, chunk_cap)
 
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer (its own thread)."""
@@ -109,7 +109,7 @@ class LiveEngineModel:
         return max(0.0, now - max(self.last_step_end, self._pending_since))
 
 
-def _with_budget(model: EngineModel, token_budget: int | None,
+def _with_limits(model: EngineModel, token_budget: int | None,
                  chunk_cap: int = 0) -> EngineModel:
     if (not token_budget or token_budget == model.token_budget) \
             and chunk_cap == model.prefill_chunk_cap:

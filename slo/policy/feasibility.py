@@ -80,23 +80,32 @@ def prefill_s(model: EngineModel, tokens: int, running: int,
     return model.steps_s(steps, running + 1, tokens + steps * running, pairs)
 
 
-def step_in_progress_s(model: EngineModel, running: int, prefill_tokens: int,
-                       since_last_step_s: float | None = None, prefill_pairs: int = 0,
-                       prompts: int = 1) -> float:
-    """Expected remainder of the engine's step in progress when a request arrives
-    (none when it has nothing to do): the step the engine is taking (its decodes and
-    `in_progress_chunk` of the prefill it held when the step began) less the time since
-    its last step ended, when the step probe has told us that and the step could still
-    be running; else, its phase unknown, half the step. The chunk's attention pairs
-    are its share of `prefill_pairs`, those of the prompts it comes from."""
+@dataclass(frozen=True, slots=True)
+class StepInProgress:
+    """The engine's step in progress as a newcomer finds it."""
+
+    chunk: int  # prompt tokens it prefills: done when it is, not work ahead after it
+    chunk_pairs: int  # their attention pairs
+    remaining_s: float  # expected time until it ends
+
+
+def step_in_progress(model: EngineModel, running: int, prefill_tokens: int,
+                     since_last_step_s: float | None = None, prefill_pairs: int = 0,
+                     prompts: int = 1) -> StepInProgress:
+    """The step the engine is taking when a request arrives (none when it has nothing
+    to do): its decodes and `in_progress_chunk` of the prefill it held when the step
+    began, whose attention pairs are the chunk's share of `prefill_pairs`, those of
+    the prompts it comes from. Its remainder is the step less the time since the last
+    step ended, when the step probe has told us that and the step could still be
+    running; else, its phase unknown, half the step."""
     if running <= 0 and prefill_tokens <= 0:
-        return 0.0
+        return StepInProgress(0, 0, 0.0)
     chunk = in_progress_chunk(model, running, prefill_tokens, prompts)
-    step = model.step_s(running + (chunk > 0), running + chunk,
-                        share_of_pairs(prefill_pairs, prefill_tokens, chunk))
+    chunk_pairs = share_of_pairs(prefill_pairs, prefill_tokens, chunk)
+    step = model.step_s(running + (chunk > 0), running + chunk, chunk_pairs)
     if since_last_step_s is not None and 0 <= since_last_step_s < step:
-        return step - since_last_step_s
-    return 0.5 * step
+        return StepInProgress(chunk, chunk_pairs, step - since_last_step_s)
+    return StepInProgress(chunk, chunk_pairs, 0.5 * step)
 
 
 def in_progress_chunk(model: EngineModel, running: int, prefill_tokens: int,
