@@ -157,10 +157,12 @@ class Admission:
         step = F.step_in_progress(model, running, at_start, since, at_start_pairs,
                                   at_start_prompts)
         ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline)
+        kv_free = int(model.kv_capacity_tokens * (1.0 - load.kv_cache_usage)) - step.chunk
         return F.WorkAhead(in_engine - step.chunk + ahead, running, step.remaining_s,
                            self.limiter.slot_wait_s(lane, now),
                            in_engine_pairs - step.chunk_pairs + ahead_pairs,
-                           self.limiter.engine_prefill_prompts + ahead_prompts)
+                           self.limiter.engine_prefill_prompts + ahead_prompts,
+                           kv_free, self.limiter.kv_free_rate(now))
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
                         prompt_tokens: int, target: float | None,
@@ -185,7 +187,8 @@ class Admission:
             return F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
         if check.action == F.REFUSE:
             return replace(check, retry_after_s=self.retries.book(
-                rec.client, prompt_tokens, now, F.drain_s(model, ahead) * d.slowdown,
+                rec.client, prompt_tokens, now,
+                F.drain_s(model, ahead, prompt_tokens) * d.slowdown,
                 F.prefill_s(model, prompt_tokens, ahead.running) * d.slowdown))
         return check
 
@@ -242,13 +245,14 @@ class Admission:
         self.load.progress(tokens, computed)
         self.limiter.prefilled(tokens)
 
-    def release(self, pending_tokens: int | None, computed: int = 0) -> None:
+    def release(self, pending_tokens: int | None, computed: int = 0,
+                kv_tokens: int = 0) -> None:
         """The engine request ended (admitted by `admit`, which took its slot);
         `pending_tokens`: what was left of its prompt (after `computed` of it) if it
-        never got a first token, else None."""
+        never got a first token, else None; `kv_tokens`: the KV cache it held."""
         if pending_tokens is not None:
             self.load.release(pending_tokens, computed)
-        self.limiter.release(pending_tokens)
+        self.limiter.release(pending_tokens, kv_tokens)
 
 
 def _truncated(prompt, keep: int):

@@ -19,7 +19,8 @@ either never interrupts requests already in the engine.
 
 For the deadline check it also knows what waits in each lane (requests, prompt
 tokens, deadlines) and how fast slots free up (releases per second, recent), so it
-can say how long a newcomer in a lane would wait for a slot.
+can say how long a newcomer in a lane would wait for a slot, and how fast ending
+requests free the KV cache (the tokens they held, per second).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class Limiter:
         self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
         self._waiting = 0
         self._seq = itertools.count()
-        self._releases: deque[float] = deque()
+        self._releases: deque[tuple[float, int]] = deque()  # (when, KV tokens freed)
+        self._released_kv = 0  # their sum
         self._entries: deque[tuple[float, int]] = deque()  # (when, prompt tokens)
 
     @property
@@ -165,15 +167,17 @@ class Limiter:
             self.engine_prefill_prompts = max(0, self.engine_prefill_prompts - 1)
         self._wake()
 
-    def release(self, pending_tokens: int | None = None) -> None:
+    def release(self, pending_tokens: int | None = None, kv_tokens: int = 0) -> None:
         """A request left the engine; `pending_tokens`: what was left of its prompt, if
-        it left before its first token (else None: `prefilled` already took it off)."""
+        it left before its first token (else None: `prefilled` already took it off);
+        `kv_tokens`: the KV cache it held (its prompt and the tokens it generated)."""
         self.in_flight -= 1
         if pending_tokens is not None:
             self.engine_prefill_tokens -= pending_tokens
             self.engine_prefill_prompts = max(0, self.engine_prefill_prompts - 1)
         now = time.monotonic()
-        self._releases.append(now)
+        self._releases.append((now, kv_tokens))
+        self._released_kv += kv_tokens
         self._forget_releases(now)
         self._wake()
 
@@ -219,9 +223,14 @@ class Limiter:
         self._waiting -= 1
         self._wake()  # it may have held back the ones behind it at the gate
 
+    def kv_free_rate(self, now: float | None = None) -> float:
+        """KV-cache tokens freed a second by requests ending, over the recent window."""
+        self._forget_releases(time.monotonic() if now is None else now)
+        return self._released_kv / RELEASE_WINDOW_S
+
     def _forget_releases(self, now: float) -> None:
-        while self._releases and self._releases[0] < now - RELEASE_WINDOW_S:
-            self._releases.popleft()
+        while self._releases and self._releases[0][0] < now - RELEASE_WINDOW_S:
+            self._released_kv -= self._releases.popleft()[1]
 
     def _wake(self) -> None:
         """Hand the room out in lane order, earliest deadline first; stop at the first

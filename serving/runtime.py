@@ -209,9 +209,10 @@ class Runtime:
         engine = await asyncio.to_thread(start_engine, self._args,
                                          [stat_logger_factory(self.second)])
         started = time.monotonic()
-        scheduler = engine.vllm_config.scheduler_config
+        scheduler, cache = engine.vllm_config.scheduler_config, engine.vllm_config.cache_config
         cap = int(scheduler.long_prefill_token_threshold or 0)
-        self.engine_model.set_engine_limits(scheduler.max_num_batched_tokens, cap)
+        self.engine_model.set_engine_limits(scheduler.max_num_batched_tokens, cap,
+                                            (cache.num_gpu_blocks or 0) * cache.block_size)
         self.guard.limiter.prefill_chunk_cap = cap
         model_config = engine.model_config
         calls = await warm_up(engine, model_config.max_model_len,

@@ -102,7 +102,8 @@ def _ahead(model, queued: int) -> F.WorkAhead:
     longer work ahead after it."""
     pairs = attention_pairs(0, queued)
     step = F.step_in_progress(model, 0, queued, None, pairs)
-    return F.WorkAhead(queued - step.chunk, 0, step.remaining_s, 0.0, pairs - step.chunk_pairs)
+    return F.WorkAhead(queued - step.chunk, 0, step.remaining_s, 0.0, pairs - step.chunk_pairs,
+                       kv_free_tokens=model.kv_capacity_tokens - step.chunk)
 
 
 @pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [
@@ -118,6 +119,7 @@ def _ahead(model, queued: int) -> F.WorkAhead:
 def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
         priority, vip, queued, target_s, outcome):
     adm = _admission(Decisions(8, **DEADLINE), target_s)
+    adm.engine_model.set_engine_limits(2048, kv_capacity_tokens=1_000_000)  # room for all
     _queue(adm, queued)
     rec = _record(priority, vip)
     rec.arrival = time.monotonic()
@@ -135,6 +137,23 @@ def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
     assert err.headers == {"Retry-After": str(min(120, math.ceil(drain)))}
     assert adm.load.pending == (1, queued)  # its own tokens left with it
     assert adm.refused_deadline == 1
+
+
+def test_a_prompt_that_must_wait_for_kv_room_is_refused_until_there_is_room():
+    adm = _admission(Decisions(8, **DEADLINE), target_s=0.5)
+    adm.engine_model.set_engine_limits(2048, kv_capacity_tokens=10_000)
+    adm.load._second.on_scheduler(4, 0, 0.99)  # 100 tokens of the KV cache free
+    adm.limiter.in_flight = 1
+    adm.limiter.release(None, kv_tokens=2000)  # requests ending free 200 tokens a second
+    rec = _record()
+    rec.arrival = time.monotonic()
+    verdict = asyncio.run(adm.admit(rec, _prompt(400), 400, 4))
+    err = from_refusal(verdict)  # 300 tokens short: room in 1.5 s
+    assert err.status == 429 and err.headers == {"Retry-After": "2"}
+    assert rec.policy_actions == ["refuse:deadline"]
+    fits = _record()
+    fits.arrival = time.monotonic()
+    assert not isinstance(asyncio.run(adm.admit(fits, _prompt(90), 90, 4)), Refusal)
 
 
 def test_refused_requests_are_booked_one_after_another_and_their_retry_claims_it():
@@ -304,11 +323,14 @@ def test_a_chunked_prompt_leaves_the_work_ahead_chunk_by_chunk():
         probe.ended()
         seen.append(state())
         probe.chunk(100)  # after the end: nothing
-        probe.release()
+        probe.release(generated=16)
         other.release()  # aborted mid-prompt: its rest goes
         seen.append(state())
-        return seen, adm.load.pending
-    seen, pending = asyncio.run(scenario())
+        return seen, adm.load.pending, adm.limiter.kv_free_rate()
+    seen, pending, kv_rate = asyncio.run(scenario())
+    # the KV they held freed: the document's 4,000 and 16 generated, the 2,048 computed
+    # of the other, over the limiter's 10 s window
+    assert kv_rate == (4000 + 16 + 2048) / 10
     # attention pairs: a fresh prompt of n tokens n(n+1)/2; what is left of one after
     # c of it, m tokens: c*m + m(m+1)/2 (the rest of a document is its dear part)
     doc, other = 4000 * 4001 // 2, 3000 * 3001 // 2

@@ -198,3 +198,29 @@ def test_under_a_chunk_cap_the_step_in_progress_holds_a_chunk_of_each_prompt(
         running, tokens, prompts, chunk):
     assert F.in_progress_chunk(CAPPED, running, tokens, prompts) == chunk
     assert F.in_progress_chunk(MODEL, running, tokens, prompts) == min(1000 - running, tokens)
+
+
+# KV-cache room: vLLM starts a waiting prompt only once all of it fits the free KV cache
+# (and none behind it before), so the unprefilled tokens ahead and its own must fit; the
+# shortfall frees as running requests end, at the rate they freed it lately.
+@pytest.mark.parametrize("ahead_tokens,prompt,free,rate,expected_s", [
+    (0, 500, None, 0.0, 0.0),  # room not known: no wait
+    (1000, 500, 1500, 0.0, 0.0),  # it all fits
+    (1000, 500, 1000, 2000.0, 0.25),  # 500 short, 2,000 tokens freed a second
+    (3000, 500, 500, 1000.0, 3.0),  # the documents ahead take the room first
+    (1000, 500, 1000, 0.0, math.inf),  # short, and nothing has ended lately
+])
+def test_kv_wait_is_the_shortfall_over_the_rate_requests_free_it(ahead_tokens, prompt, free,
+                                                                 rate, expected_s):
+    work = F.WorkAhead(ahead_tokens, 4, kv_free_tokens=free, kv_free_rate=rate)
+    assert F.kv_wait_s(work, prompt) == pytest.approx(expected_s)
+
+
+def test_a_prompt_waiting_for_kv_room_is_refused_with_the_time_it_frees():
+    # 1,000 tokens short at 2,000 a second: 0.5 s more than the prefill alone
+    short = F.WorkAhead(0, 0, kv_free_tokens=-500, kv_free_rate=2000.0)
+    assert F.first_token_s(MODEL, 500, short) == pytest.approx(0.02 + 0.06 + 0.5)
+    check = F.judge(MODEL, 500, short, left_s=0.2)
+    assert check.action == F.REFUSE and check.retry_after_s == 1  # room for it in 0.5 s
+    # on an engine with room the same prompt is admitted
+    assert F.judge(MODEL, 500, F.WorkAhead(0, 0, kv_free_tokens=600), 0.2).action == F.ADMIT

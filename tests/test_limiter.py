@@ -4,6 +4,7 @@ the engine, in what order, and what the deadline check is told waits ahead."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -195,3 +196,13 @@ def test_slots_full_means_a_slot_wait_not_a_gate_wait():
         await waiter
         return full, slot_wait, gate_only, gate_wait
     assert asyncio.run(scenario()) == (True, float("inf"), False, 0.0)
+
+
+def test_the_kv_free_rate_is_what_ending_requests_held_over_the_recent_window():
+    limiter = Limiter(4)
+    limiter.in_flight = 2
+    limiter.release(None, kv_tokens=1000)
+    limiter.release(None, kv_tokens=500)
+    assert limiter.kv_free_rate() == 150.0  # 1,500 tokens over the 10 s window
+    assert limiter.kv_free_rate(time.monotonic() + 11) == 0.0  # forgotten
+    assert limiter.in_flight == 0

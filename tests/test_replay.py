@@ -120,7 +120,18 @@ def test_an_oversized_prompt_does_not_block_one_that_fits():
     run([too_big, fits], engine=model(kv_capacity_tokens=300))
     assert (fits.status, fits.end) == ("ok", pytest.approx(CHUNK_S))
     assert too_big.status == "rejected" and too_big.actions == ["kv_cache_too_small"]
-    assert too_big.end == pytest.approx(CHUNK_S)  # refused once nothing else could run
+    assert too_big.end == 0.0  # refused at once, as vLLM refuses it up front
+
+
+def test_a_prompt_waiting_for_kv_room_holds_back_those_behind_it():
+    # vLLM starts waiting prompts in order, each only once all of it fits: the second
+    # (250 tokens, 240 free) waits for the first to end, and the third (30 tokens),
+    # which would fit the step and the cache, waits behind it
+    first, second, third = (SimRequest(0.0, 60, 1), SimRequest(0.0, 250, 1),
+                            SimRequest(0.0, 30, 1))
+    run([first, second, third], engine=model(kv_capacity_tokens=300))
+    assert first.end == pytest.approx(0.01 + 0.06)  # alone in its step
+    assert second.first_token > first.end and third.first_token > first.end
 
 
 def test_kv_growth_preempts_the_newest_request_which_is_recomputed_later():

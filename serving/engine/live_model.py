@@ -50,11 +50,12 @@ class LiveEngineModel:
         self.last_step_end = 0.0  # monotonic
         self._pending_since: float | None = None  # work has waited since (monotonic)
 
-    def set_engine_limits(self, token_budget: int, chunk_cap: int = 0) -> None:
-        """The engine's max_num_batched_tokens and long_prefill_token_threshold (known
-        once it has started)."""
-        self.model = _with_limits(self.model, token_budget, chunk_cap)
-        self.prior = _with_limits(self.prior, token_budget, chunk_cap)
+    def set_engine_limits(self, token_budget: int, chunk_cap: int = 0,
+                          kv_capacity_tokens: int = 0) -> None:
+        """The engine's max_num_batched_tokens, long_prefill_token_threshold and KV-cache
+        size in tokens (known once it has started; 0: keep the prior's)."""
+        self.model = _with_limits(self.model, token_budget, chunk_cap, kv_capacity_tokens)
+        self.prior = _with_limits(self.prior, token_budget, chunk_cap, kv_capacity_tokens)
 
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer (its own thread)."""
@@ -109,11 +110,11 @@ class LiveEngineModel:
         return max(0.0, now - max(self.last_step_end, self._pending_since))
 
 
-def _with_limits(model: EngineModel, token_budget: int | None,
-                 chunk_cap: int = 0) -> EngineModel:
-    if (not token_budget or token_budget == model.token_budget) \
-            and chunk_cap == model.prefill_chunk_cap:
+def _with_limits(model: EngineModel, token_budget: int | None, chunk_cap: int = 0,
+                 kv_capacity_tokens: int = 0) -> EngineModel:
+    limits = {"token_budget": int(token_budget or model.token_budget),
+              "prefill_chunk_cap": int(chunk_cap),
+              "kv_capacity_tokens": int(kv_capacity_tokens or model.kv_capacity_tokens)}
+    if all(getattr(model, name) == value for name, value in limits.items()):
         return model
-    return EngineModel(**{**model.describe(), "token_budget": int(token_budget or
-                                                                  model.token_budget),
-                          "prefill_chunk_cap": int(chunk_cap)})
+    return EngineModel(**{**model.describe(), **limits})

@@ -28,7 +28,8 @@ class PrefillListener(Protocol):
 
     def prefill_progress(self, tokens: int, computed: int) -> None: ...
     def first_token(self, prompt_tokens: int, computed: int = 0) -> None: ...
-    def release(self, pending_tokens: int | None, computed: int = 0) -> None: ...
+    def release(self, pending_tokens: int | None, computed: int = 0,
+                kv_tokens: int = 0) -> None: ...
 
 STEP_EWMA_ALPHA = 0.2  # weight of the newest step: about the last ten steps matter
 
@@ -126,11 +127,13 @@ class PrefillEnd:
         pending, self.pending = self.pending, False
         return self.left if pending else None
 
-    def release(self) -> None:
-        """The request ended: admission gets its slot back, and what was left of its
-        prompt (with the attention pairs of the part left) is no longer work ahead."""
+    def release(self, generated: int = 0) -> None:
+        """The request ended, having generated `generated` tokens: admission gets its
+        slot back and the KV cache it held, and what was left of its prompt (with the
+        attention pairs of the part left) is no longer work ahead."""
         if self.admission is not None:
-            self.admission.release(self.close(), self.computed)
+            computed = self.computed
+            self.admission.release(self.close(), computed, computed + generated)
 
 
 class ResidentBytes:

@@ -280,7 +280,7 @@ class ObservedEngine:
             mailbox.put(exc)
         finally:
             self.in_flight -= 1
-            prefill.release()
+            prefill.release(tokens)
             self._ledger.untrack(request_id)  # drains: every step of this request is in
             if last is not None:
                 absorb(rec, last, tokens, self._clock)

@@ -6,8 +6,9 @@ The estimate is the engine model's (`slo.sim.engine_model`, calibrated live from
 step probe): the prompt tokens ahead of the request in its lane plus its own are
 prefilled in steps of `token_budget - running` tokens (vLLM's chunked prefill shares
 each step's budget with one decode token per running sequence), each step costing
-`step_s(running + 1, tokens, pairs)`, after the remainder of the step in progress and
-the expected wait for a concurrency slot; plus the per-request overhead outside steps.
+`step_s(running + 1, tokens, pairs)`, after the remainder of the step in progress, the
+expected wait for a concurrency slot and that for KV-cache room (`kv_wait_s`); plus
+the per-request overhead outside steps.
 The model is linear in tokens and attention pairs, so the steps' sum is their count
 times the per-step terms plus the whole prefill's tokens and pairs: the pairs of the
 work ahead are those left of each prompt (a document half prefilled has its dear half
@@ -58,6 +59,9 @@ class WorkAhead:
     slot_wait_s: float = 0.0  # expected wait for a concurrency slot (0: one is free)
     prefill_pairs: int = 0  # attention pairs left of those prompt tokens (`attention_pairs`)
     prompts: int = 0  # how many prompts those tokens are (what a per-request cap shares)
+    # KV-cache room (tokens) once the step in progress has its chunk; None: not known
+    kv_free_tokens: int | None = None
+    kv_free_rate: float = 0.0  # KV tokens that ending requests freed a second, lately
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,21 @@ def share_of_pairs(pairs: int, tokens: int, part: int) -> int:
 def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
     """Estimated seconds from now to the request's first token."""
     return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
-            + own_prefill_s(model, prompt_tokens, ahead))
+            + kv_wait_s(ahead, prompt_tokens) + own_prefill_s(model, prompt_tokens, ahead))
+
+
+def kv_wait_s(ahead: WorkAhead, prompt_tokens: int = 0) -> float:
+    """Expected wait for KV-cache room. vLLM starts a waiting prompt only when the whole
+    of it fits the free KV cache, and starts none behind one that does not fit; a
+    prompt half prefilled takes blocks for each further chunk. So the prompts ahead
+    and its own need their unprefilled tokens free, and the shortfall frees as running
+    requests end, at the recent rate (infinite when none has ended lately)."""
+    if ahead.kv_free_tokens is None:
+        return 0.0
+    short = ahead.prefill_tokens + prompt_tokens - ahead.kv_free_tokens
+    if short <= 0:
+        return 0.0
+    return short / ahead.kv_free_rate if ahead.kv_free_rate > 0 else math.inf
 
 
 def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
@@ -159,15 +177,17 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
                                                     done_ahead))
 
 
-def drain_s(model: EngineModel, ahead: WorkAhead) -> float:
-    """Seconds until the work ahead has been prefilled (no new arrivals)."""
-    return (ahead.step_remaining_s + ahead.slot_wait_s
+def drain_s(model: EngineModel, ahead: WorkAhead, prompt_tokens: int = 0) -> float:
+    """Seconds until the work ahead has been prefilled (no new arrivals), with KV-cache
+    room for `prompt_tokens` more."""
+    return (ahead.step_remaining_s + ahead.slot_wait_s + kv_wait_s(ahead, prompt_tokens)
             + prefill_s(model, ahead.prefill_tokens, ahead.running, ahead.prefill_pairs))
 
 
-def retry_after_s(model: EngineModel, ahead: WorkAhead, slowdown: float = 1.0) -> int:
+def retry_after_s(model: EngineModel, ahead: WorkAhead, slowdown: float = 1.0,
+                  prompt_tokens: int = 0) -> int:
     """Whole seconds (HTTP's unit), at least 1, at most MAX_RETRY_AFTER_S."""
-    drain = drain_s(model, ahead) * slowdown
+    drain = drain_s(model, ahead, prompt_tokens) * slowdown
     return min(MAX_RETRY_AFTER_S, max(1, math.ceil(drain))) if math.isfinite(drain) \
         else MAX_RETRY_AFTER_S
 
@@ -191,4 +211,4 @@ def judge(model: EngineModel, prompt_tokens: int, ahead: WorkAhead, left_s: floa
     if first_token_s(model, prompt_tokens, WorkAhead(0, 0)) > budget:
         return Feasibility(BEST_EFFORT, estimate, left_s)
     return Feasibility(REFUSE, estimate, left_s,
-                       retry_after_s=retry_after_s(model, ahead, slowdown))
+                       retry_after_s=retry_after_s(model, ahead, slowdown, prompt_tokens))

@@ -50,8 +50,9 @@ class RetryBook:
         work ahead of it and after the bookings before it; returns its Retry-After
         (whole seconds, at least 1)."""
         self._lapse(now)
-        start = max(now + drain_s, self._free_at)
-        retry_after = min(self.max_retry_after_s, max(1, math.ceil(start - now)))
+        start = max(now + drain_s, self._free_at)  # infinite: nothing frees room lately
+        retry_after = self.max_retry_after_s if not math.isfinite(start) else \
+            min(self.max_retry_after_s, max(1, math.ceil(start - now)))
         self._free_at = max(self._free_at, now + retry_after) + own_s
         self._bookings.append(Booking((client, tokens), now + retry_after, tokens))
         return retry_after

@@ -6,7 +6,8 @@ second on the signals the server would have seen.
 
 Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
 same engine model, work ahead in the request's lane, the slot wait from the recent
-release rate). What it leaves out (docs/scaling.md): the deadline demotion of a
+release rate, the KV wait from the KV ending requests freed lately; a request arriving
+during a step is judged when it ends, with the time left then). What it leaves out (docs/scaling.md): the deadline demotion of a
 realtime request still waiting for a slot is not modelled, VIP requests share the
 realtime lane, and KV is reserved for a whole prompt at its first chunk (vLLM
 allocates per chunk); when decodes outgrow it the newest request is preempted.
@@ -82,7 +83,8 @@ class Simulator:
         self.now = 0.0
         self.busy = 0.0  # engine seconds in the current simulated second
         self.transitions: list[tuple[float, str]] = []
-        self.releases: deque[float] = deque()  # when requests left the engine, recent
+        # when requests left the engine lately, and the KV tokens each held
+        self.releases: deque[tuple[float, int]] = deque()
         self.refused = 0  # by the deadline check since the last policy tick
 
     # --- admission ---------------------------------------------------------------------
@@ -101,7 +103,7 @@ class Simulator:
             req.prompt = d.truncate_tokens
         if d.deadline_margin is not None and req.target_s is not None:
             check = F.judge(self.model, req.prompt, self._work_ahead(req),
-                            req.target_s - self.model.overhead_s, vip=req.vip,
+                            req.arrival + req.target_s - self.now, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
                             margin=d.deadline_margin, slowdown=d.slowdown)
             if check.action == F.REFUSE:
@@ -119,6 +121,7 @@ class Simulator:
     def _work_ahead(self, req: SimRequest) -> F.WorkAhead:
         """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
         yet prefilled, those waiting in its lane or before it, the slot wait."""
+        self._forget_releases()
         left = [(r.prefilled, max(0, (r.context or r.prompt) - r.prefilled))
                 for r in self.running]
         lanes = R.PRIORITIES[:R.PRIORITIES.index(req.priority) + 1]
@@ -128,16 +131,21 @@ class Simulator:
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
                            0.0, self._slot_wait_s(waiting),
                            sum(attention_pairs(done, tokens) for done, tokens in left),
-                           sum(1 for _, tokens in left if tokens > 0))
+                           sum(1 for _, tokens in left if tokens > 0),
+                           self.model.kv_capacity_tokens - self._kv_allocated(),
+                           sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S)
 
     def _slot_wait_s(self, ahead: int) -> float:
         if len(self.running) < self.decisions.concurrency_limit and not ahead:
             return 0.0
-        while self.releases and self.releases[0] < self.now - RELEASE_WINDOW_S:
-            self.releases.popleft()
+        self._forget_releases()
         if not self.releases:
             return float("inf")
         return (ahead + 1) * RELEASE_WINDOW_S / len(self.releases)
+
+    def _forget_releases(self) -> None:
+        while self.releases and self.releases[0][0] < self.now - RELEASE_WINDOW_S:
+            self.releases.popleft()
 
     def _reject(self, req: SimRequest, action: str) -> None:
         req.status = REJECTED
@@ -166,13 +174,19 @@ class Simulator:
         # vLLM caps each prompt's chunk only while another request is in the engine
         cap = (self.model.prefill_chunk_cap or budget) if len(self.running) > 1 else budget
         chunks = []
-        for r in self.running:
+        # vLLM schedules its running requests, then its waiting ones in order, starting
+        # one only when its whole prompt fits the free KV cache and none behind it
+        for r in sorted(self.running, key=lambda r: not r.started):
             if budget <= 0:
                 break
             if not r.started:
                 r.context = r.context or r.prompt
-                if r.context > kv_free:  # vLLM waits until the whole prompt fits
+                if r.context > self.model.kv_capacity_tokens:  # vLLM refuses it up front
+                    self.running.remove(r)
+                    self._reject(r, "kv_cache_too_small")
                     continue
+                if r.context > kv_free:
+                    break
                 r.started = True
                 kv_free -= r.context
             if r.prefilled < r.context:
@@ -180,7 +194,7 @@ class Simulator:
                 chunks.append((r, take))
                 budget -= take
         if not decoding and not chunks:
-            return self._drop_oversized()
+            return False
         tokens = len(decoding) + sum(take for _, take in chunks)
         pairs = sum(attention_pairs(r.context + r.decoded - 1, 1) for r in decoding) \
             + sum(attention_pairs(r.prefilled, take) for r, take in chunks)
@@ -203,6 +217,11 @@ class Simulator:
         """Started requests hold their whole prompt plus what they generated."""
         return sum(r.context + r.decoded for r in self.running if r.started)
 
+    def _kv_allocated(self) -> int:
+        """KV the engine has allocated (vLLM takes a prompt's blocks chunk by chunk):
+        what its running requests have computed."""
+        return sum(min(r.prefilled, r.context) + r.decoded for r in self.running if r.started)
+
     def _make_room(self) -> list[SimRequest]:
         """The requests decoding this step; if their next tokens do not fit, evict the
         newest started request as vLLM preempts (its work is recomputed later)."""
@@ -215,21 +234,13 @@ class Simulator:
             victim.context = victim.prompt + victim.generated  # recomputed when resumed
             victim.actions.append("preempted")
 
-    def _drop_oversized(self) -> bool:
-        """Nothing could run: a request alone in the engine whose prompt cannot fit the
-        KV cache would wait forever (vLLM refuses it up front)."""
-        if self.running and not any(r.started for r in self.running):
-            self._reject(self.running.pop(0), "kv_cache_too_small")
-            return True
-        return False
-
     def _finish(self) -> None:
         done = [r for r in self.running if r.first_token is not None
                 and r.generated >= max(1, r.output)]
         for r in done:
             r.end = self.now
             self.running.remove(r)
-            self.releases.append(self.now)
+            self.releases.append((self.now, r.context + r.decoded))
             if self.policies is not None:
                 self.policies.on_outcome(self.now, False, r.ttft_s)
 
