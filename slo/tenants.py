@@ -34,7 +34,8 @@ OUTCOME_SHED: Final = "shed"
 OUTCOMES: Final = (OUTCOME_GOOD, OUTCOME_LATE, OUTCOME_SHED, R.STATUS_REJECTED,
                    R.STATUS_ERROR, R.STATUS_ABORTED)
 CLIENT_UNKNOWN: Final = "unknown"
-SHED_PREFIXES: Final = ("shed:", "reject:")  # policy actions that refused the request
+# policy actions that refused the request (`refuse:deadline`: the deadline check)
+SHED_PREFIXES: Final = ("shed:", "reject:", "refuse:")
 SHED_ERROR: Final = "admission_timeout"  # the limiter gave up waiting for a slot
 DEFAULT_WINDOW_S: Final = 3600
 

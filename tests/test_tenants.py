@@ -82,8 +82,8 @@ def _request(client: str | None, status: str = R.STATUS_OK, ttft: float = 0.05,
 
 
 # Each outcome, with its client: alice is served twice on time and once late and shed
-# once by a policy; bob is shed by the limiter's timeout, refused for his quota and
-# failed by the engine; a caller without a valid key is unknown; carol is not in the
+# once by a policy; bob is shed by the limiter's timeout and by the deadline check, refused
+# for his quota and failed by the engine; a caller without a valid key is unknown; carol is not in the
 # label set (a name the keys file does not hold) and counts as unknown on /metrics.
 def cases() -> list[tuple[RequestRecord, str]]:
     return [
@@ -94,6 +94,8 @@ def cases() -> list[tuple[RequestRecord, str]]:
                   http_status=503), "shed"),
         (_request("bob", R.STATUS_REJECTED, error_type="admission_timeout", http_status=503),
          "shed"),
+        (_request("bob", R.STATUS_REJECTED, actions=("refuse:deadline",), error_type="deadline",
+                  http_status=429), "shed"),  # refused by the deadline check: paid too
         (_request("bob", R.STATUS_REJECTED, error_type="client_sequence_limit",
                   http_status=429), "rejected"),
         (_request("bob", R.STATUS_ERROR, error_type="engine_dead", http_status=503), "error"),
@@ -114,7 +116,7 @@ def test_every_finished_request_counts_once_per_client_and_outcome(observed):
               for o in OUTCOMES}
     assert {k: v for k, v in counts.items() if v is not None} == {
         ("alice", "good"): 2.0, ("alice", "late"): 1.0, ("alice", "shed"): 1.0,
-        ("bob", "shed"): 1.0, ("bob", "rejected"): 1.0, ("bob", "error"): 1.0,
+        ("bob", "shed"): 2.0, ("bob", "rejected"): 1.0, ("bob", "error"): 1.0,
         (CLIENT_UNKNOWN, "rejected"): 1.0, (CLIENT_UNKNOWN, "aborted"): 1.0}
     assert _count(registry, "carol", "aborted") is None  # never a label of its own
 
@@ -138,7 +140,7 @@ def test_the_sql_over_the_trace_log_gives_what_the_live_counters_count(observed)
     assert tenants == {
         "alice": dict(client="alice", requests=4, good=2, late=1, shed=1, rejected=0,
                       error=0, aborted=0, attainment=2 / 3),
-        "bob": {**nothing, "client": "bob", "requests": 3, "shed": 1, "rejected": 1,
+        "bob": {**nothing, "client": "bob", "requests": 4, "shed": 2, "rejected": 1,
                 "error": 1},
         CLIENT_UNKNOWN: {**nothing, "client": CLIENT_UNKNOWN, "requests": 1, "rejected": 1},
         "carol": {**nothing, "client": "carol", "requests": 1, "aborted": 1}}
