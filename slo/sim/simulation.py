@@ -8,9 +8,10 @@ Admission's deadline check is the server's (`slo.policy.feasibility.judge` on th
 same engine model, work ahead in the request's lane, the slot wait from the recent
 release rate, the KV wait from the KV ending requests freed lately; a request arriving
 during a step is judged when it ends, with the time left then). What it leaves out (docs/scaling.md): the deadline demotion of a
-realtime request still waiting for a slot is not modelled, VIP requests share the
-realtime lane, and KV is reserved for a whole prompt at its first chunk (vLLM
-allocates per chunk); when decodes outgrow it the newest request is preempted.
+realtime request still waiting for a slot is not modelled and VIP requests share the
+realtime lane. The KV cache is vLLM's: a waiting prompt starts only when all of it
+fits what is free, blocks are taken chunk by chunk, and when decodes outgrow the
+cache the newest request is preempted.
 """
 
 from __future__ import annotations
@@ -170,29 +171,8 @@ class Simulator:
         """One engine step over the running requests; False if there was nothing to do."""
         decoding = self._make_room()
         budget = self.model.token_budget - len(decoding)
-        kv_free = self.model.kv_capacity_tokens - self._kv_used() - len(decoding)
-        # vLLM caps each prompt's chunk only while another request is in the engine
-        cap = (self.model.prefill_chunk_cap or budget) if len(self.running) > 1 else budget
-        chunks = []
-        # vLLM schedules its running requests, then its waiting ones in order, starting
-        # one only when its whole prompt fits the free KV cache and none behind it
-        for r in sorted(self.running, key=lambda r: not r.started):
-            if budget <= 0:
-                break
-            if not r.started:
-                r.context = r.context or r.prompt
-                if r.context > self.model.kv_capacity_tokens:  # vLLM refuses it up front
-                    self.running.remove(r)
-                    self._reject(r, "kv_cache_too_small")
-                    continue
-                if r.context > kv_free:
-                    break
-                r.started = True
-                kv_free -= r.context
-            if r.prefilled < r.context:
-                take = min(r.context - r.prefilled, budget, cap)
-                chunks.append((r, take))
-                budget -= take
+        chunks = self._chunks(budget, self.model.kv_capacity_tokens - self._kv_allocated()
+                              - len(decoding))
         if not decoding and not chunks:
             return False
         tokens = len(decoding) + sum(take for _, take in chunks)
@@ -213,9 +193,32 @@ class Simulator:
         self._finish()
         return True
 
-    def _kv_used(self) -> int:
-        """Started requests hold their whole prompt plus what they generated."""
-        return sum(r.context + r.decoded for r in self.running if r.started)
+    def _chunks(self, budget: int, kv_free: int) -> list[tuple[SimRequest, int]]:
+        """The prefill chunks of this step, as vLLM schedules them: its running requests
+        first, then its waiting ones in order, starting one only when its whole prompt
+        fits the free KV cache (and none behind one that does not); blocks are taken
+        chunk by chunk, so a started prompt's later chunks need room when they come."""
+        # vLLM caps each prompt's chunk only while another request is in the engine
+        cap = (self.model.prefill_chunk_cap or budget) if len(self.running) > 1 else budget
+        chunks = []
+        for r in sorted(self.running, key=lambda r: not r.started):
+            if budget <= 0:
+                break
+            if not r.started:
+                r.context = r.context or r.prompt
+                if r.context > self.model.kv_capacity_tokens:  # vLLM refuses it up front
+                    self.running.remove(r)
+                    self._reject(r, "kv_cache_too_small")
+                    continue
+                if r.context > kv_free:
+                    break
+                r.started = True
+            take = min(r.context - r.prefilled, budget, cap, kv_free)
+            if take > 0:
+                chunks.append((r, take))
+                budget -= take
+                kv_free -= take
+        return chunks
 
     def _kv_allocated(self) -> int:
         """KV the engine has allocated (vLLM takes a prompt's blocks chunk by chunk):
@@ -227,7 +230,7 @@ class Simulator:
         newest started request as vLLM preempts (its work is recomputed later)."""
         while True:
             decoding = [r for r in self.running if r.started and r.prefilled >= r.context]
-            if self._kv_used() + len(decoding) <= self.model.kv_capacity_tokens:
+            if self._kv_allocated() + len(decoding) <= self.model.kv_capacity_tokens:
                 return decoding
             victim = next(r for r in reversed(self.running) if r.started)
             victim.started, victim.prefilled, victim.decoded = False, 0, 0
@@ -254,7 +257,7 @@ class Simulator:
         self.busy = 0.0
         waiting = sum(len(q) for q in self.lanes.values())
         unstarted = sum(1 for r in self.running if r.first_token is None)
-        kv = self._kv_used() / self.model.kv_capacity_tokens
+        kv = self._kv_allocated() / self.model.kv_capacity_tokens
         signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None,
                                         deadline_refusals=self.refused)
         self.refused = 0
