@@ -7,7 +7,8 @@ second on the signals the server would have seen.
 Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
 same engine model, work ahead in the request's lane, the slot wait from the recent
 release rate, the KV wait from the KV ending requests freed lately; a request arriving
-during a step is judged when it ends, with the time left then). What it leaves out (docs/scaling.md): the deadline demotion of a
+during a step is judged as on its arrival, with what was left of the step ahead of
+it). What it leaves out (docs/scaling.md): the deadline demotion of a
 realtime request still waiting for a slot is not modelled and VIP requests share the
 realtime lane. The KV cache is vLLM's: a waiting prompt starts only when all of it
 fits what is free, blocks are taken chunk by chunk, and when decodes outgrow the
@@ -103,8 +104,10 @@ class Simulator:
             req.actions.append(f"truncate:{req.prompt}->{d.truncate_tokens}")
             req.prompt = d.truncate_tokens
         if d.deadline_margin is not None and req.target_s is not None:
-            check = F.judge(self.model, req.prompt, self._work_ahead(req),
-                            req.arrival + req.target_s - self.now, vip=req.vip,
+            # judged as the server does on its arrival, the step it came during ahead
+            seen = req.arrival + self.model.overhead_s
+            check = F.judge(self.model, req.prompt, self._work_ahead(req, self.now - seen),
+                            req.target_s - self.model.overhead_s, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
                             margin=d.deadline_margin, slowdown=d.slowdown)
             if check.action == F.REFUSE:
@@ -119,7 +122,7 @@ class Simulator:
                 req.actions.append("demote:unattainable")
         self.lanes[req.priority].append(req)
 
-    def _work_ahead(self, req: SimRequest) -> F.WorkAhead:
+    def _work_ahead(self, req: SimRequest, step_left_s: float = 0.0) -> F.WorkAhead:
         """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
         yet prefilled, those waiting in its lane or before it, the slot wait."""
         self._forget_releases()
@@ -130,7 +133,7 @@ class Simulator:
         waiting = sum(len(self.lanes[lane]) for lane in lanes)
         decoding = sum(1 for r in self.running if r.first_token is not None)
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
-                           0.0, self._slot_wait_s(waiting),
+                           step_left_s, self._slot_wait_s(waiting),
                            sum(attention_pairs(done, tokens) for done, tokens in left),
                            sum(1 for _, tokens in left if tokens > 0),
                            self.model.kv_capacity_tokens - self._kv_allocated(),
