@@ -112,7 +112,7 @@ def test_a_prompt_larger_than_the_whole_kv_cache_is_rejected(prompt):
     assert too_big.status == "rejected"
     assert too_big.actions == ["kv_cache_too_small"]
     assert too_big.first_token is None and too_big.end == 0.0
-    assert sim.running == [] and not any(sim.lanes.values())
+    assert sim.running == [] and not sim.lanes
 
 
 def test_an_oversized_prompt_does_not_block_one_that_fits():

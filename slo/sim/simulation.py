@@ -1,18 +1,15 @@
 """A discrete-event simulation of one tailguard replica: admission (the policies'
-decisions, the two-lane concurrency limiter) in front of a continuous-batching engine
-(`EngineModel`: chunked prefill within a token budget, one decode token per running
-request per step, KV capacity), with the real `PolicyEngine` stepped once per simulated
-second on the signals the server would have seen.
+decisions, the limiter's three lanes and prefill gate, `slo.sim.lanes`) in front of a
+continuous-batching engine (`EngineModel`: chunked prefill within a token budget, one
+decode token per running request per step, vLLM's KV cache: a waiting prompt starts
+only when all of it fits what is free, blocks are taken chunk by chunk, the newest
+request is preempted when decodes outgrow it), with the real `PolicyEngine` stepped
+once per simulated second on the signals the server would have seen.
 
 Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
 same engine model, work ahead in the request's lane, the slot wait from the recent
-release rate, the KV wait from the KV ending requests freed lately; a request arriving
-during a step is judged as on its arrival, with what was left of the step ahead of
-it). What it leaves out (docs/scaling.md): the deadline demotion of a
-realtime request still waiting for a slot is not modelled and VIP requests share the
-realtime lane. The KV cache is vLLM's: a waiting prompt starts only when all of it
-fits what is free, blocks are taken chunk by chunk, and when decodes outgrow the
-cache the newest request is preempted.
+release rate, the KV wait from the KV ending requests freed lately); a request
+arriving during a step is judged as on its arrival, the rest of that step ahead of it.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel, attention_pairs
+from slo.sim.lanes import Lanes, deadline_of, gate_fits, lane_of
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
@@ -80,7 +78,7 @@ class Simulator:
         self.policies = (PolicyEngine(self.config, lambda *a: None, lambda *a: None)
                          if config is not None else None)
         self.decisions = Decisions(concurrency_limit=limit or self.config.batch_initial)
-        self.lanes = {p: deque() for p in R.PRIORITIES}
+        self.lanes = Lanes()
         self.running: list[SimRequest] = []
         self.now = 0.0
         self.busy = 0.0  # engine seconds in the current simulated second
@@ -120,7 +118,7 @@ class Simulator:
             if check.action == F.BEST_EFFORT and req.priority == R.PRIORITY_REALTIME:
                 req.priority = R.PRIORITY_BATCH
                 req.actions.append("demote:unattainable")
-        self.lanes[req.priority].append(req)
+        self.lanes.push(req)
 
     def _work_ahead(self, req: SimRequest, step_left_s: float = 0.0) -> F.WorkAhead:
         """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
@@ -128,9 +126,9 @@ class Simulator:
         self._forget_releases()
         left = [(r.prefilled, max(0, (r.context or r.prompt) - r.prefilled))
                 for r in self.running]
-        lanes = R.PRIORITIES[:R.PRIORITIES.index(req.priority) + 1]
-        left += [(0, r.prompt) for lane in lanes for r in self.lanes[lane]]
-        waiting = sum(len(self.lanes[lane]) for lane in lanes)
+        waiters = list(self.lanes.ahead(lane_of(req), deadline_of(req)))
+        left += [(0, r.prompt) for r in waiters]
+        waiting = len(waiters)
         decoding = sum(1 for r in self.running if r.first_token is not None)
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
                            step_left_s, self._slot_wait_s(waiting),
@@ -157,16 +155,27 @@ class Simulator:
         req.end = self.now
 
     def _fill_slots(self) -> None:
-        while len(self.running) < self.decisions.concurrency_limit:
-            lane = next((q for q in self.lanes.values() if q), None)  # realtime first
-            if lane is None:
-                return
-            req = lane.popleft()
+        """Hand free slots to the waiters, as the server's limiter does (`Lanes`)."""
+        d = self.decisions
+        if d.deadline_margin is not None:
+            self.lanes.demote_late(self.now, lambda r: F.prefill_s(self.model, r.prompt, 0))
+        gate = None if d.prefill_gate_steps is None else \
+            round(d.prefill_gate_steps * self.model.token_budget)
+
+        def fits(req: SimRequest) -> bool:
+            return len(self.running) < d.concurrency_limit and gate_fits(
+                self._pending_prefill(), req.prompt, gate)
+        for req in self.lanes.pop_ready(fits):
             if self.now - req.arrival > LIMITER_MAX_WAIT_S:
                 self._reject(req, "admission_timeout")
                 continue
             req.admitted = self.now
             self.running.append(req)
+
+    def _pending_prefill(self) -> int:
+        """Prompt tokens in the engine not yet prefilled."""
+        return sum((r.context or r.prompt) - r.prefilled for r in self.running
+                   if r.first_token is None)
 
     # --- the engine ----------------------------------------------------------------------
 
@@ -258,14 +267,15 @@ class Simulator:
             return
         self.policies.on_engine_second(min(1.0, self.busy), at)
         self.busy = 0.0
-        waiting = sum(len(q) for q in self.lanes.values())
+        waiting = len(self.lanes)
         unstarted = sum(1 for r in self.running if r.first_token is None)
         kv = self._kv_allocated() / self.model.kv_capacity_tokens
         signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None,
                                         deadline_refusals=self.refused)
         self.refused = 0
         before = self.decisions.active
-        self.decisions = self.policies.evaluate(signals, saturated=waiting > 0)
+        self.decisions = self.policies.evaluate(
+            signals, saturated=waiting > 0 and len(self.running) >= self.decisions.concurrency_limit)
         if self.decisions.active != before:
             self.transitions.append((at, ",".join(self.decisions.active) or "none"))
 
@@ -274,7 +284,7 @@ class Simulator:
         arrivals = deque(requests)
         overhead = self.model.overhead_s  # HTTP and tokenizing before admission
         next_tick = 1.0
-        while arrivals or self.running or any(self.lanes.values()):
+        while arrivals or self.running or self.lanes:
             while arrivals and arrivals[0].arrival + overhead <= self.now:
                 self.arrive(arrivals.popleft())
             while next_tick <= self.now:
@@ -285,7 +295,7 @@ class Simulator:
                 idle_until = min(arrivals[0].arrival + overhead if arrivals else float("inf"),
                                  next_tick if self.policies is not None else float("inf"))
                 if idle_until == float("inf"):
-                    if any(self.lanes.values()):  # a limit of 0 cannot happen; be safe
+                    if self.lanes:  # a limit of 0 cannot happen; be safe
                         self.now += 1.0
                         continue
                     break

@@ -1,0 +1,85 @@
+"""The simulator's gate in front of the engine: `serving.limiter`'s lanes and prefill
+gate in simulated time.
+
+Waiting requests are held in three lanes, handed engine slots in lane order (VIP,
+realtime, batch) and earliest deadline first within a lane (a request's deadline is
+its arrival plus its TTFT target; without a target, its arrival); the head of the
+lanes enters only while a slot is free and, with the prefill gate on, while the
+prompt tokens in the engine not yet prefilled leave room for its own (a prompt
+longer than the gate enters an engine with no prefill pending), and nobody passes a
+head that does not fit. A realtime request whose slot has not come by its deadline
+less its own prefill moves to the batch lane, as the server's admission moves it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from observe import registry as R
+
+LANE_VIP: Final = "vip"  # serving.limiter's lanes, in the order slots are handed out
+LANES: Final = (LANE_VIP, *R.PRIORITIES)
+
+
+def lane_of(req) -> str:
+    return LANE_VIP if req.vip else req.priority
+
+
+def deadline_of(req) -> float:
+    return req.arrival + (req.target_s if req.target_s is not None else 0.0)
+
+
+def gate_fits(pending_tokens: int, tokens: int, gate: int | None) -> bool:
+    """Whether a prompt of `tokens` may enter an engine holding `pending_tokens` not
+    yet prefilled, under a prefill gate of `gate` tokens (None: no gate)."""
+    return gate is None or pending_tokens <= 0 or pending_tokens + tokens <= gate
+
+
+class Lanes:
+    def __init__(self):
+        self._heaps: dict[str, list] = {lane: [] for lane in LANES}
+        self._seq = itertools.count()  # first come first served among equal deadlines
+
+    def __len__(self) -> int:
+        return sum(len(heap) for heap in self._heaps.values())
+
+    def push(self, req, lane: str | None = None) -> None:
+        heapq.heappush(self._heaps[lane or lane_of(req)],
+                       (deadline_of(req), next(self._seq), req))
+
+    def ahead(self, lane: str, deadline: float) -> Iterator:
+        """The waiters served before a newcomer to `lane` due at `deadline`: every one
+        in the lanes before it, and those in it due by then."""
+        for name in LANES[:LANES.index(lane) + 1]:
+            for due, _, req in self._heaps[name]:
+                if name != lane or due <= deadline:
+                    yield req
+
+    def pop_ready(self, fits: Callable[[object], bool]) -> Iterator:
+        """The waiters that enter now, in lane order, earliest deadline first; stops at
+        the first that does not fit (`fits` is asked again after each one enters)."""
+        for lane in LANES:
+            heap = self._heaps[lane]
+            while heap:
+                if not fits(heap[0][2]):
+                    return
+                yield heapq.heappop(heap)[2]
+
+    def demote_late(self, now: float, own_s: Callable[[object], float]) -> None:
+        """Move realtime waiters with a target whose slot can no longer come in time
+        (deadline less their own prefill `own_s`, passed) to the batch lane."""
+        heap = self._heaps[R.PRIORITY_REALTIME]
+        late = [item for item in heap
+                if item[2].target_s is not None and item[0] - own_s(item[2]) < now]
+        if not late:
+            return
+        gone = {seq for _, seq, _ in late}
+        self._heaps[R.PRIORITY_REALTIME] = [item for item in heap if item[1] not in gone]
+        heapq.heapify(self._heaps[R.PRIORITY_REALTIME])
+        for _, _, req in late:
+            req.priority = R.PRIORITY_BATCH
+            req.actions.append("demote:deadline")
+            self.push(req, R.PRIORITY_BATCH)
