@@ -21,7 +21,8 @@ from observe.tracelog import TraceLog
 from slo.policy import conditions as P
 from slo.sim import replay as rp
 from slo.sim.engine_model import MIN_STEPS, EngineModel, attention_pairs, calibrate, fit_steps
-from slo.sim.simulation import LIMITER_MAX_WAIT_S, SimRequest, Simulator
+from slo.sim.request import SimRequest
+from slo.sim.simulation import LIMITER_MAX_WAIT_S, Simulator
 from tailguard.cmd_replay import replay
 
 CHUNK_S = 0.11  # a full 100-token prefill chunk, one sequence

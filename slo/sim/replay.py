@@ -18,7 +18,8 @@ import numpy as np
 from observe import registry as R
 from slo.policy import conditions as P
 from slo.sim.engine_model import EngineModel, Query
-from slo.sim.simulation import SimRequest, Simulator
+from slo.sim.request import SimRequest
+from slo.sim.simulation import Simulator
 from slo.tenants import SHED_SQL
 
 # Requests the policies could have acted on: everything that reached admission.

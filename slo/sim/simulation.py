@@ -15,7 +15,6 @@ arriving during a step is judged as on its arrival, the rest of that step ahead 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from observe import registry as R
 from slo.policy import conditions as P
@@ -24,48 +23,11 @@ from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel, attention_pairs
 from slo.sim.lanes import Lanes, deadline_of, gate_fits, lane_of
+from slo.sim.request import SimRequest
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
 RELEASE_WINDOW_S = 10.0  # serving.limiter's: the release rate behind the slot wait
-
-
-@dataclass(slots=True)
-class SimRequest:
-    arrival: float  # seconds from the start of the trace
-    prompt: int
-    output: int  # tokens it would generate if not capped
-    max_tokens: int | None = None
-    priority: str = R.PRIORITY_REALTIME
-    vip: bool = False
-    target_s: float | None = None  # its TTFT target
-    predicted_ttft_s: float | None = None  # the server's prediction at admission, if known
-    status: str = OK
-    first_token: float | None = None
-    end: float | None = None
-    context: int = 0  # tokens its (next) prefill computes: the prompt, or after a
-    prefilled: int = 0  # preemption the prompt plus what it had generated
-    generated: int = 0
-    decoded: int = 0  # tokens generated since its last prefill (KV beyond `context`)
-    started: bool = False  # its prefill began: it holds KV
-    admitted: float | None = None
-    actions: list[str] = field(default_factory=list)
-
-    @property
-    def ttft_s(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.arrival
-
-    @property
-    def shed(self) -> bool:
-        """Refused by a policy or the limiter's timeout (not by the engine's size)."""
-        return self.status == REJECTED and any(
-            a.startswith(("shed:", "reject:", "refuse:")) or a == "admission_timeout"
-            for a in self.actions)
-
-    @property
-    def good(self) -> bool:
-        return (self.status == OK and self.ttft_s is not None
-                and (self.target_s is None or self.ttft_s <= self.target_s))
 
 
 class Simulator:
@@ -274,8 +236,8 @@ class Simulator:
                                         deadline_refusals=self.refused)
         self.refused = 0
         before = self.decisions.active
-        self.decisions = self.policies.evaluate(
-            signals, saturated=waiting > 0 and len(self.running) >= self.decisions.concurrency_limit)
+        saturated = waiting > 0 and len(self.running) >= self.decisions.concurrency_limit
+        self.decisions = self.policies.evaluate(signals, saturated=saturated)
         if self.decisions.active != before:
             self.transitions.append((at, ",".join(self.decisions.active) or "none"))
 
