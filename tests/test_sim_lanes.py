@@ -1,0 +1,70 @@
+"""The simulator's limiter (`slo.sim.lanes`): the same order, gate and demotion as
+`serving.limiter` and admission give the server, on hand-made waiters."""
+
+from __future__ import annotations
+
+import pytest
+
+from observe import registry as R
+from slo.sim.lanes import Lanes, gate_fits
+from slo.sim.request import SimRequest
+
+
+def waiter(arrival: float, target: float | None = 1.0, prompt: int = 100,
+           priority: str = R.PRIORITY_REALTIME, vip: bool = False) -> SimRequest:
+    return SimRequest(arrival, prompt, 1, priority=priority, vip=vip, target_s=target)
+
+
+def test_slots_go_vip_first_then_realtime_earliest_deadline_then_batch():
+    lanes = Lanes()
+    batch = waiter(0.0, priority=R.PRIORITY_BATCH)
+    doc = waiter(0.1, target=1.5)  # due at 1.6
+    chat = waiter(0.5, target=0.2)  # due at 0.7: passes the document
+    vip = waiter(0.9, vip=True)
+    for req in (batch, doc, chat, vip):
+        lanes.push(req)
+    assert list(lanes.pop_ready(lambda r: True)) == [vip, chat, doc, batch]
+    assert not lanes
+
+
+def test_nobody_passes_a_head_that_does_not_fit():
+    lanes = Lanes()
+    big, small, later = waiter(0.0, prompt=3000), waiter(0.1, prompt=10), \
+        waiter(0.2, priority=R.PRIORITY_BATCH, prompt=10)
+    for req in (big, small, later):
+        lanes.push(req)
+    assert list(lanes.pop_ready(lambda r: r.prompt < 1000)) == []
+    assert len(lanes) == 3
+
+
+@pytest.mark.parametrize("pending,tokens,gate,fits", [
+    (0, 5000, 2048, True),  # an engine with nothing pending takes any prompt
+    (1000, 1048, 2048, True),
+    (1000, 1049, 2048, False),
+    (9000, 10, None, True),  # no gate
+])
+def test_the_prefill_gate(pending, tokens, gate, fits):
+    assert gate_fits(pending, tokens, gate) is fits
+
+
+def test_work_ahead_is_the_lanes_before_and_those_due_earlier_in_its_own():
+    lanes = Lanes()
+    vip, early, late, batch = (waiter(0.0, vip=True), waiter(0.0, target=0.5),
+                               waiter(0.0, target=2.0), waiter(0.0, priority=R.PRIORITY_BATCH))
+    for req in (vip, early, late, batch):
+        lanes.push(req)
+    assert list(lanes.ahead(R.PRIORITY_REALTIME, 1.0)) == [vip, early]
+    assert set(map(id, lanes.ahead(R.PRIORITY_BATCH, 5.0))) == set(map(id, [vip, early, late,
+                                                                            batch]))
+
+
+def test_a_realtime_waiter_too_late_for_its_slot_moves_to_the_batch_lane():
+    lanes = Lanes()
+    late, fine, untimed = waiter(0.0, target=0.2), waiter(0.0, target=1.0), \
+        waiter(0.0, target=None)
+    for req in (late, fine, untimed):
+        lanes.push(req)
+    lanes.demote_late(0.15, lambda r: 0.1)  # 0.2 - 0.1 < 0.15: only `late`
+    assert late.priority == R.PRIORITY_BATCH and late.actions == ["demote:deadline"]
+    assert fine.actions == untimed.actions == []
+    assert list(lanes.pop_ready(lambda r: True)) == [untimed, fine, late]
