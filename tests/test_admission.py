@@ -340,6 +340,21 @@ def test_a_chunked_prompt_leaves_the_work_ahead_chunk_by_chunk():
     assert pending == (0, 0) and doc_rest > doc / 2
 
 
+def test_a_request_with_a_first_token_frees_its_whole_prompt_whatever_the_probe_saw():
+    """Its output can come before the probe's chunk report (they travel apart): the
+    KV it held is still its whole prompt and what it generated."""
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        loop = asyncio.get_running_loop()
+        await adm.admit(_record(), _prompt(500), 500, 16)
+        probe = PrefillEnd(adm, 500, loop)
+        probe.ended()  # the first output, before any chunk report
+        probe.chunk(500)  # the report, late: nothing
+        probe.release(generated=16)
+        return adm.limiter.kv_free_rate()
+    assert asyncio.run(scenario()) == (500 + 16) / 10
+
+
 def test_work_ahead_in_its_own_lane_counts_only_those_due_before_it():
     async def scenario():
         adm = _admission(Decisions(1, **DEADLINE), 0.5, limit=1)

@@ -133,7 +133,11 @@ class PrefillEnd:
         attention pairs of the part left) is no longer work ahead."""
         if self.admission is not None:
             computed = self.computed
-            self.admission.release(self.close(), computed, computed + generated)
+            left = self.close()
+            # with a first token its whole prompt was in the KV cache, whether or not
+            # the probe's chunk reports came before the output did
+            held = self.prompt if left is None else computed
+            self.admission.release(left, computed, held + generated)
 
 
 class ResidentBytes:
