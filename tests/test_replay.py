@@ -567,7 +567,7 @@ def test_cli_validates_by_default(trace):
     result = invoke("--db", trace)
     assert result.exit_code == 0, result.output
     assert f"engine model (calibrated on {trace}): step = 4.00 ms + 300 us/seq + 20.0 us/token" \
-        in result.output
+        " + 2.0 ns/attention pair" in result.output
     assert f"budget {BUDGET} tokens/step, KV 840 tokens, overhead 20.0 ms" in result.output
     assert "simulated - actual: attainment +9.68 pts" in result.output
     header = result.output.splitlines()[1].split()

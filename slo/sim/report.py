@@ -64,7 +64,8 @@ def format_report(result: dict) -> str:
 def _model_line(m: dict) -> str:
     return (f"engine model (calibrated on {m['calibrated_on']}): step = "
             f"{m['step_base_s'] * 1e3:.2f} ms + {m['step_per_seq_s'] * 1e6:.0f} us/seq + "
-            f"{m['step_per_token_s'] * 1e6:.1f} us/token (R^2 {m['fit_r2']:.2f} over "
+            f"{m['step_per_token_s'] * 1e6:.1f} us/token + "
+            f"{m['step_per_pair_s'] * 1e9:.1f} ns/attention pair (R^2 {m['fit_r2']:.2f} over "
             f"{m['steps_fitted']} steps), budget {m['token_budget']} tokens/step, KV "
             f"{m['kv_capacity_tokens']} tokens, overhead {m['overhead_s'] * 1e3:.1f} ms\n")
 
