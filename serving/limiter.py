@@ -35,9 +35,8 @@ from typing import Final
 
 from observe import registry as R
 from slo.sim.engine_model import attention_pairs
+from slo.sim.lanes import LANE_VIP, LANES, gate_fits
 
-LANE_VIP: Final = "vip"
-LANES: Final = (LANE_VIP, *R.PRIORITIES)  # the order slots are handed out in
 RELEASE_WINDOW_S = 10.0
 # How long entries are remembered for `entered_since`: far longer than any engine step.
 ENTRY_MEMORY_S: Final = 30.0
@@ -182,15 +181,9 @@ class Limiter:
         self._wake()
 
     def _fits(self, tokens: int) -> bool:
-        if self.in_flight >= self._limit:
-            return False
-        gate, cap, prompts = self._gate, self.prefill_chunk_cap, self.engine_prefill_prompts
-        if gate is None:
-            return True
-        if cap:
-            return prompts <= 0 or prompts * cap + min(cap, tokens) <= gate
-        ahead = self.engine_prefill_tokens
-        return ahead <= 0 or ahead + tokens <= gate
+        return self.in_flight < self._limit and gate_fits(
+            self.engine_prefill_tokens, tokens, self._gate, self.engine_prefill_prompts,
+            self.prefill_chunk_cap)
 
     def _enter(self, tokens: int) -> None:
         self.in_flight += 1

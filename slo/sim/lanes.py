@@ -20,8 +20,8 @@ from typing import Final
 
 from observe import registry as R
 
-LANE_VIP: Final = "vip"  # serving.limiter's lanes, in the order slots are handed out
-LANES: Final = (LANE_VIP, *R.PRIORITIES)
+LANE_VIP: Final = "vip"  # the limiter's lanes (here and in serving.limiter), in the
+LANES: Final = (LANE_VIP, *R.PRIORITIES)  # order slots are handed out
 
 
 def lane_of(req) -> str:
@@ -32,10 +32,18 @@ def deadline_of(req) -> float:
     return req.arrival + (req.target_s if req.target_s is not None else 0.0)
 
 
-def gate_fits(pending_tokens: int, tokens: int, gate: int | None) -> bool:
-    """Whether a prompt of `tokens` may enter an engine holding `pending_tokens` not
-    yet prefilled, under a prefill gate of `gate` tokens (None: no gate)."""
-    return gate is None or pending_tokens <= 0 or pending_tokens + tokens <= gate
+def gate_fits(pending_tokens: int, tokens: int, gate: int | None, pending_prompts: int = 0,
+              chunk_cap: int = 0) -> bool:
+    """The prefill gate's rule (serving.limiter's and the simulator's): whether a prompt
+    of `tokens` may enter an engine holding `pending_tokens` not yet prefilled, of
+    `pending_prompts` prompts, under a gate of `gate` tokens (None: no gate). Under a
+    per-request chunk cap the engine prefills its prompts side by side, so each prompt
+    it holds counts as one `chunk_cap`-token chunk."""
+    if gate is None:
+        return True
+    if chunk_cap:
+        return pending_prompts <= 0 or pending_prompts * chunk_cap + min(chunk_cap, tokens) <= gate
+    return pending_tokens <= 0 or pending_tokens + tokens <= gate
 
 
 class Lanes:

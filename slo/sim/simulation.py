@@ -23,9 +23,8 @@ from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel, attention_pairs
 from slo.sim.lanes import Lanes, deadline_of, gate_fits, lane_of
-from slo.sim.request import SimRequest
+from slo.sim.request import REJECTED, SimRequest
 
-OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
 RELEASE_WINDOW_S = 10.0  # serving.limiter's: the release rate behind the slot wait
 
@@ -125,8 +124,10 @@ class Simulator:
             round(d.prefill_gate_steps * self.model.token_budget)
 
         def fits(req: SimRequest) -> bool:
+            pending = self._pending_prefill()
             return len(self.running) < d.concurrency_limit and gate_fits(
-                self._pending_prefill(), req.prompt, gate)
+                sum(pending), req.prompt, gate, sum(1 for left in pending if left > 0),
+                self.model.prefill_chunk_cap)
         for req in self.lanes.pop_ready(fits):
             if self.now - req.arrival > LIMITER_MAX_WAIT_S:
                 self._reject(req, "admission_timeout")
@@ -134,10 +135,10 @@ class Simulator:
             req.admitted = self.now
             self.running.append(req)
 
-    def _pending_prefill(self) -> int:
-        """Prompt tokens in the engine not yet prefilled."""
-        return sum((r.context or r.prompt) - r.prefilled for r in self.running
-                   if r.first_token is None)
+    def _pending_prefill(self) -> list[int]:
+        """Prompt tokens in the engine not yet prefilled, a prompt each."""
+        return [(r.context or r.prompt) - r.prefilled for r in self.running
+                if r.first_token is None]
 
     # --- the engine ----------------------------------------------------------------------
 
