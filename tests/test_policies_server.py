@@ -412,23 +412,6 @@ def test_breaker_l2_restarts_the_engine_and_recovers(guarded):
     assert any(e["reason"] == "restarting the engine" for e in events)
 
 
-def test_overrides_survive_a_restart(tmp_path):
-    srv = _start(tmp_path)
-    try:
-        assert override(srv, "vip_only", "force_on", "maintenance", ttl_s=3600,
-                        actor="alice").status_code == 200
-    finally:
-        stop_server(srv)
-    again = _start(tmp_path)
-    try:
-        vip_only = next(p for p in policies(again)["policies"] if p["policy"] == "vip_only")
-        assert vip_only["effective"] == "active"
-        assert vip_only["override"]["actor"] == "alice via 127.0.0.1"
-        assert complete(again, PLAIN).status_code == 503
-    finally:
-        stop_server(again)
-
-
 def test_fault_injection_is_off_on_a_normal_server(server):
     resp = httpx.put(server.url + "/admin/faults", headers=AUTH, json={"mode": "error"},
                      timeout=10)
@@ -461,3 +444,19 @@ def test_a_blocked_event_loop_shows_in_the_lag_histogram_and_the_admin_view(guar
     assert lag["worst_s"] >= 0.5 and lag["max_s"] >= 0.5 and lag["interval_s"] == 0.1
     assert httpx.get(guarded.url + "/admin/faults", headers=AUTH).json()["mode"] == "none"
     assert complete(guarded, VIP).status_code == 200
+
+
+def test_overrides_survive_a_restart(guarded):
+    """Last in this module: it stops the module's server and starts another on the same
+    trace log (a second server of its own would cost another engine start)."""
+    assert override(guarded, "vip_only", "force_on", "maintenance", ttl_s=3600,
+                    actor="alice").status_code == 200
+    stop_server(guarded)
+    again = _start(guarded.db.parent)
+    try:
+        vip_only = next(p for p in policies(again)["policies"] if p["policy"] == "vip_only")
+        assert vip_only["effective"] == "active"
+        assert vip_only["override"]["actor"] == "alice via 127.0.0.1"
+        assert complete(again, PLAIN).status_code == 503
+    finally:
+        stop_server(again)
