@@ -27,10 +27,11 @@ from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
-from serving.limiter import LANE_VIP, Limiter, LimiterTimeout
+from serving.limiter import Limiter, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.retry_book import RetryBook
+from slo.sim.lanes import LANE_VIP, lane_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ class Admission:
             prompt_tokens = d.truncate_tokens
         rec.queued_at = rec.queued_at or time.monotonic()
         target = self.ttft_target(prompt_tokens) if self.ttft_target else None
-        lane = LANE_VIP if rec.vip else rec.priority
+        lane = lane_of(rec)
         load = self.load.admit(prompt_tokens)
         if rec.load is None:
             rec.load = load

@@ -33,9 +33,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final
 
-from observe import registry as R
 from slo.sim.engine_model import attention_pairs
-from slo.sim.lanes import LANE_VIP, LANES, gate_fits
+from slo.sim.lanes import LANES, gate_fits
 
 RELEASE_WINDOW_S = 10.0
 # How long entries are remembered for `entered_since`: far longer than any engine step.

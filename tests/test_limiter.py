@@ -9,7 +9,8 @@ import time
 import pytest
 
 from observe import registry as R
-from serving.limiter import LANE_VIP, Limiter, LimiterTimeout
+from serving.limiter import Limiter, LimiterTimeout
+from slo.sim.lanes import LANE_VIP
 
 RT, BATCH = R.PRIORITY_REALTIME, R.PRIORITY_BATCH
 

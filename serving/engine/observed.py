@@ -39,7 +39,7 @@ from serving.engine.load import PrefillEnd
 from serving.engine.outputs import absorb, is_delta, prompt_length
 from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
 from serving.engine.step_receiver import StepLedger
-from serving.limiter import LANE_VIP, LANES
+from slo.sim.lanes import LANES, lane_of
 
 log = logging.getLogger("tailguard")
 
@@ -203,7 +203,7 @@ class ObservedEngine:
                 raise NotAdmitted(verdict.message)
             prompt, prompt_tokens = verdict.prompt, verdict.prompt_tokens
         if self.priority_lanes:
-            kwargs["priority"] = LANES.index(LANE_VIP if rec.vip else rec.priority)
+            kwargs["priority"] = LANES.index(lane_of(rec))
         # vLLM's own mailbox: deltas merge while the reader lags, so an unread
         # stream holds one merged output, not one object per token.
         mailbox = self._mailbox_type(getattr(sampling_params, "output_kind", None),

@@ -20,7 +20,7 @@ from typing import Final
 
 from observe import registry as R
 
-LANE_VIP: Final = "vip"  # the limiter's lanes (here and in serving.limiter), in the
+LANE_VIP: Final = "vip"  # the limiter's lanes (serving.limiter, admission, the simulator), in the
 LANES: Final = (LANE_VIP, *R.PRIORITIES)  # order slots are handed out
 
 
