@@ -182,6 +182,32 @@ class Killed:
     ready_wall: float  # time.time() when the server answered ready
     killed_wall: float
     newest_engine_second: float | None  # epoch of the newest engine_stats row in the file
+    writer: list[tuple[float, dict]]  # (monotonic time, GET /admin/tracelog) during the load
+
+    def writer_summary(self) -> str:
+        """How the server's trace writer kept up: what a failure here needs to tell."""
+        if not self.writer:
+            return "writer: never answered"
+        gap, last_t, last_n = 0.0, self.writer[0][0], self.writer[0][1]["flushes"]
+        for t, stats in self.writer:
+            if stats["flushes"] != last_n:
+                last_t, last_n = t, stats["flushes"]
+            gap = max(gap, t - last_t)
+        return (f"writer: {len(self.writer)} polls, {last_n} flushes, longest without a "
+                f"flush {gap:.1f} s, max last_flush_s "
+                f"{max(s['last_flush_s'] for _, s in self.writer):.3f}, max pending rows "
+                f"{max(s['pending_rows'] for _, s in self.writer)}, "
+                f"{self.killed_at - last_t:.1f} s since the last flush at the kill")
+
+
+def _watch_writer(url: str, stop: threading.Event, seen: list) -> None:
+    with httpx.Client(base_url=url, timeout=5,
+                      headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as client:
+        while not stop.wait(0.25):
+            try:
+                seen.append((time.monotonic(), client.get("/admin/tracelog").json()))
+            except (httpx.HTTPError, ValueError):
+                continue  # the kill cuts it too
 
 
 def _load(url: str, stop: threading.Event, done: dict[str, float], errors: list) -> None:
@@ -217,6 +243,9 @@ def killed(small_fs) -> Killed:
     stop, done, errors = threading.Event(), {}, []
     threads = [threading.Thread(target=_load, args=(server.url, stop, done, errors),
                                 daemon=True) for _ in range(CLIENTS)]
+    writer: list[tuple[float, dict]] = []
+    threads.append(threading.Thread(target=_watch_writer, args=(server.url, stop, writer),
+                                    daemon=True))
     try:
         for thread in threads:
             thread.start()
@@ -239,7 +268,7 @@ def killed(small_fs) -> Killed:
                   .fetchall()}
         newest = conn.execute("SELECT epoch(max(ts)) FROM engine_stats").fetchone()[0]
     return Killed(small_fs, db, dict(done), killed_at, left, tree, rows, tables, ready_wall,
-                  killed_wall, newest)
+                  killed_wall, newest, writer)
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +323,8 @@ def test_kill_9_under_load_loses_at_most_the_last_flush_interval(killed):
         band = {rid for rid, t in done.items() if lo <= cut - t < hi}
         bands.append(f"{lo:g}-{hi:g} s before: {len(band - killed.rows)}/{len(band)} lost")
     print(f"\nkill -9: {len(done)} requests completed, {len(killed.rows)} rows in the file "
-          f"({killed.fs.kind}); " + "; ".join(bands) + f"; tables {killed.tables}")
+          f"({killed.fs.kind}); " + "; ".join(bands) + f"; tables {killed.tables}; "
+          + killed.writer_summary())
     assert not missing, (f"{len(missing)} of {len(durable)} requests completed more than "
                          f"{MARGIN_S} s before the kill have no row: {missing[:5]}")
     # The file holds nothing the clients did not see complete (or see cut off).
@@ -307,7 +337,8 @@ def test_kill_9_loses_at_most_the_last_ten_flush_intervals_of_engine_seconds(kil
     one row a second was half of an idle server's CPU): what a kill loses of it is
     bounded by that, and the file holds every second older."""
     assert killed.killed_wall - killed.ready_wall > ENGINE_SECOND_DURABLE_S  # can judge
-    assert killed.newest_engine_second is not None, "no engine second in the file"
+    assert killed.newest_engine_second is not None, (
+        f"no engine second in the file; {killed.writer_summary()}")
     lag = killed.killed_wall - killed.newest_engine_second
     assert lag <= ENGINE_SECOND_DURABLE_S, f"the newest engine second is {lag:.1f} s old"
 
