@@ -37,6 +37,8 @@ ARROW_TYPES: Final[dict[str, pa.DataType]] = {
     "VARCHAR[]": pa.list_(pa.string()),
 }
 _TIMESTAMP: Final = ARROW_TYPES["TIMESTAMPTZ"]
+# How long the Arrow conversion holds the GIL before it hands it to the event loop.
+GIL_SLICE_S: Final = 0.002
 
 log = logging.getLogger(__name__)
 
@@ -153,18 +155,34 @@ def arrow_batches(spec: TableSpec, columns: dict[str, list], rows: int,
                   chunk_rows: int = 8192) -> Iterator[pa.RecordBatch]:
     """Convert column lists to Arrow, `chunk_rows` rows per batch, lazily.
 
-    Each conversion holds the GIL throughout; sleep(0) after each one hands the GIL
-    to a waiting thread (the server's event loop) at once instead of after the 5 ms
-    switch interval. Measured: p99 loop lag 5 ms instead of 7, max 11-20 ms instead
-    of 27-35, with 50k rows/s flowing (2 noisy cores).
+    Each conversion holds the GIL throughout. Once the conversions have held it for
+    `GIL_SLICE_S`, sleep(0) hands it to a waiting thread (the server's event loop) at
+    once instead of after the 5 ms switch interval: p99 loop lag 5 ms instead of 7,
+    max 11-20 ms instead of 27-35, with 50k rows/s flowing (2 noisy cores). Not after
+    every column: each hand-back costs the flush a wait for the GIL (up to the switch
+    interval, more when the cores are busy), and a second's 80 columns of small
+    columns then took 0.5 s beside a busy loop, ten times their CPU; on a slower
+    machine the writer fell seconds behind.
     """
+    held_since = time.perf_counter()
     for start in range(0, rows, chunk_rows):
         arrays = []
         for (name, sql_type), arrow_field in zip(spec.columns, spec.arrow_schema):
             arrays.append(_column_array(columns[name][start:start + chunk_rows], sql_type,
                                         arrow_field.type))
-            time.sleep(0)
+            if time.perf_counter() - held_since >= GIL_SLICE_S:
+                time.sleep(0)
+                held_since = time.perf_counter()
         yield pa.RecordBatch.from_arrays(arrays, schema=spec.arrow_schema)
+
+
+def warm_up_conversion() -> None:
+    """Convert one row of every table now. pyarrow's first conversion of a Python
+    sequence imports pandas (0.2 s alone); a server's first flush under load did that
+    beside the busy event loop, every import's file read waiting for the GIL, and took
+    2.3 s: rows answered seconds before were not yet in the file."""
+    for spec in TABLES.values():
+        arrow_table(spec, {name: [None] for name in spec.column_names}, 1)
 
 
 def arrow_table(spec: TableSpec, columns: dict[str, list], rows: int,

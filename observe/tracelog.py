@@ -35,7 +35,7 @@ import duckdb
 import pyarrow as pa
 
 from observe.query import QueryError, QueryResult, fetch_rows, run_read_only
-from observe.schema import TABLES, TableSpec, arrow_batches
+from observe.schema import TABLES, TableSpec, arrow_batches, warm_up_conversion
 from observe.tracelog_setup import (
     BATCH_VIEW,
     PERIODIC_TABLES,
@@ -101,6 +101,7 @@ class TraceLog:
         self._failing = False
         self._closed = False
         self._periodic_due = time.monotonic() + self.config.periodic_flush_s
+        warm_up_conversion()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tailguard-tracelog", daemon=True)
