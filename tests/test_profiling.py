@@ -63,6 +63,10 @@ AGENT_CHILD = textwrap.dedent("""
                     cpu, end = time.thread_time() + 1.0, time.monotonic() + 20
                     while time.thread_time() < cpu and time.monotonic() < end:
                         tailguard_busy_prefill()
+                    # The agent reads a sample's stack and the thread's tags at moments
+                    # a few ms apart: a busy stack read just before the tag goes was
+                    # once filed untagged. Idle (off CPU, unsampled) before it goes.
+                    time.sleep(0.2)
         spans.update(root=dict(root.attributes), child=dict(child.attributes),
                      root_id=format(root.get_span_context().span_id, "016x"))
 
