@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import logging
-import sys
-from typing import Final
 
 from serving.config import ServerConfig
-
-# The trace writer's thread shares the GIL with a busy event loop, and each time it
-# gives the GIL up (every DuckDB call, every Arrow hand-back) it waits up to the switch
-# interval to get it back: at Python's 5 ms a flush of one second's rows took 185 ms
-# beside a saturated loop (21 ms beside an idle one), and on a slower machine the
-# writer fell seconds behind. At 1 ms: 52 ms. Switches happen only when a thread waits.
-GIL_SWITCH_INTERVAL_S: Final = 0.001
 
 
 def run(config: ServerConfig) -> None:
@@ -22,7 +13,6 @@ def run(config: ServerConfig) -> None:
     from serving.app import create_app
     from serving.runtime import Runtime
 
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     runtime = Runtime(config)
     print(f"tailguard: admin token in {runtime.admin_token_source}", flush=True)
