@@ -12,7 +12,8 @@ Held in front instead, waiters are ordered by what matters for the SLO: VIP, the
 realtime, then batch, and earliest deadline first within a lane (a short chat prompt
 with 0.2 s to go before a document with 1.5 s). A prompt that does not fit waits and
 nobody passes it, so a long document is never starved; the engine keeps about a
-step's worth of prefill queued, so its steps stay full.
+step's worth of prefill queued, so its steps stay full. VIPs are the exception: they
+enter at once, past the limit and the gate (`slo.sim.lanes.enters_at_once`).
 
 The limit and the gate can change at any time (the policies move them); lowering
 either never interrupts requests already in the engine.
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from slo.sim.engine_model import attention_pairs
-from slo.sim.lanes import LANES, gate_fits
+from slo.sim.lanes import LANES, enters_at_once, gate_fits
 
 RELEASE_WINDOW_S = 10.0
 # How long entries are remembered for `entered_since`: far longer than any engine step.
@@ -136,7 +137,7 @@ class Limiter:
         """Enter the engine with `tokens` of prompt, waiting at most `timeout_s` (and
         never past `max_wait_s`); `deadline` orders the lane (default: now, i.e. first
         come first served)."""
-        if not self._waiting and self._fits(tokens):
+        if enters_at_once(lane) or (not self._waiting and self._fits(tokens)):
             self._enter(tokens)
             return
         wait = self.max_wait_s if timeout_s is None else min(timeout_s, self.max_wait_s)
@@ -231,7 +232,7 @@ class Limiter:
             heap = self._lanes[lane]
             while heap:
                 head = heap[0]
-                if not self._fits(head.tokens):
+                if not enters_at_once(lane) and not self._fits(head.tokens):
                     return
                 heapq.heappop(heap)
                 self._waiting -= 1

@@ -114,11 +114,31 @@ def test_waiting_work_counts_earlier_lanes_and_earlier_deadlines_in_its_own():
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         return counts, limiter.waiting
-    # and their attention pairs, fresh prompts each: n * (n + 1) / 2; and how many
-    v, r1, r2, b = 300 * 301 // 2, 200 * 201 // 2, 50 * 51 // 2, 1000 * 1001 // 2
-    assert asyncio.run(scenario()) == (((1550, v + r1 + r2 + b, 4), (0, 0, 0),
-                                        (500, v + r1, 2), (550, v + r1 + r2, 3),
-                                        (550, v + r1 + r2, 3)), 0)
+    # the VIP entered at once: nothing of it waits. Attention pairs, fresh prompts
+    # each: n * (n + 1) / 2; and how many prompts
+    r1, r2, b = 200 * 201 // 2, 50 * 51 // 2, 1000 * 1001 // 2
+    assert asyncio.run(scenario()) == (((1250, r1 + r2 + b, 3), (0, 0, 0),
+                                        (200, r1, 1), (250, r1 + r2, 2),
+                                        (250, r1 + r2, 2)), 0)
+
+
+def test_a_vip_enters_at_once_past_a_full_limit_and_a_full_gate():
+    async def scenario():
+        limiter = Limiter(1, prefill_gate=100)
+        await limiter.acquire(RT, tokens=100)  # the slot and the gate are full
+        order: list[str] = []
+        tasks = await _queue(limiter, [("rt", RT, 10, 0.0), ("vip", LANE_VIP, 50, 9.0)],
+                             order)
+        state = (list(order), limiter.in_flight, limiter.engine_prefill_tokens,
+                 limiter.waiting)
+        limiter.release(100)  # the first request leaves; the VIP still holds a slot
+        await _settle()
+        held = list(order)
+        limiter.release(50)  # the VIP leaves too: the realtime waiter enters
+        await _settle()
+        await asyncio.gather(*tasks)
+        return state, held, order
+    assert asyncio.run(scenario()) == ((["vip"], 2, 150, 1), ["vip"], ["vip", "rt"])
 
 
 def test_a_waiter_that_gives_up_frees_those_held_behind_it():

@@ -37,6 +37,16 @@ def test_nobody_passes_a_head_that_does_not_fit():
     assert len(lanes) == 3
 
 
+def test_a_vip_enters_when_nothing_else_fits():
+    """As serving.limiter: VIPs pass the slot limit and the prefill gate."""
+    lanes = Lanes()
+    doc, vip = waiter(0.0, prompt=3000), waiter(0.5, prompt=3000, vip=True)
+    for req in (doc, vip):
+        lanes.push(req)
+    assert list(lanes.pop_ready(lambda r: False)) == [vip]
+    assert len(lanes) == 1
+
+
 @pytest.mark.parametrize("pending,tokens,gate,fits", [
     (0, 5000, 2048, True),  # an engine with nothing pending takes any prompt
     (1000, 1048, 2048, True),
