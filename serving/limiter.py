@@ -232,7 +232,7 @@ class Limiter:
             heap = self._lanes[lane]
             while heap:
                 head = heap[0]
-                if not enters_at_once(lane) and not self._fits(head.tokens):
+                if not self._fits(head.tokens):  # no VIP waits: `acquire` lets them in
                     return
                 heapq.heappop(heap)
                 self._waiting -= 1
