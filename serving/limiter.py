@@ -118,11 +118,12 @@ class Limiter:
         return tokens, pairs, prompts
 
     def slot_wait_s(self, lane: str, now: float | None = None) -> float:
-        """Expected wait for a slot for a newcomer in `lane`: none while a slot is free
-        (a wait at the prefill gate is the work ahead, which the deadline check counts
-        as prefill); else one release per request ahead (and itself), at the recent
-        release rate (infinite when nothing has been released lately)."""
-        if self.in_flight < self._limit:
+        """Expected wait for a slot for a newcomer in `lane`: none for a VIP (it enters
+        at once) or while a slot is free (a wait at the prefill gate is the work ahead,
+        which the deadline check counts as prefill); else one release per request ahead
+        (and itself), at the recent release rate (infinite when nothing has been
+        released lately)."""
+        if enters_at_once(lane) or self.in_flight < self._limit:
             return 0.0
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])

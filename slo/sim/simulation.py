@@ -22,7 +22,7 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel, attention_pairs
-from slo.sim.lanes import Lanes, deadline_of, gate_fits, lane_of
+from slo.sim.lanes import Lanes, deadline_of, enters_at_once, gate_fits, lane_of
 from slo.sim.request import REJECTED, SimRequest
 
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
@@ -90,9 +90,10 @@ class Simulator:
         waiters = list(self.lanes.ahead(lane_of(req), deadline_of(req)))
         left += [(0, r.prompt) for r in waiters]
         waiting = len(waiters)
+        slot_wait_s = 0.0 if enters_at_once(lane_of(req)) else self._slot_wait_s(waiting)
         decoding = sum(1 for r in self.running if r.first_token is not None)
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
-                           step_left_s, self._slot_wait_s(waiting),
+                           step_left_s, slot_wait_s,
                            sum(attention_pairs(done, tokens) for done, tokens in left),
                            sum(1 for _, tokens in left if tokens > 0),
                            self.model.kv_capacity_tokens - self._kv_allocated(),
