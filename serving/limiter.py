@@ -13,7 +13,9 @@ realtime, then batch, and earliest deadline first within a lane (a short chat pr
 with 0.2 s to go before a document with 1.5 s). A prompt that does not fit waits and
 nobody passes it, so a long document is never starved; the engine keeps about a
 step's worth of prefill queued, so its steps stay full. VIPs are the exception: they
-enter at once, past the limit and the gate (`slo.sim.lanes.enters_at_once`).
+enter at once, past the limit and the gate (`slo.sim.lanes.enters_at_once`), and with
+a VIP reserve on, the others enter only while the KV cache keeps that many tokens free
+beyond their prompts (`slo.sim.lanes.kv_fits`), so a VIP finds room in it.
 
 The limit and the gate can change at any time (the policies move them); lowering
 either never interrupts requests already in the engine.
@@ -31,11 +33,12 @@ import heapq
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from slo.sim.engine_model import attention_pairs
-from slo.sim.lanes import LANES, enters_at_once, gate_fits
+from slo.sim.lanes import LANES, enters_at_once, gate_fits, kv_fits
 
 RELEASE_WINDOW_S = 10.0
 # How long entries are remembered for `entered_since`: far longer than any engine step.
@@ -66,6 +69,10 @@ class Limiter:
         # none): with one, the engine prefills its prompts side by side, at most `cap`
         # tokens each a step, so the gate counts each prompt it holds as `cap` tokens.
         self.prefill_chunk_cap = 0
+        # KV-cache tokens kept free for VIPs (None: no reserve), and how many tokens the
+        # engine's cache has free now (set by the server from the engine's statistics)
+        self._kv_reserve: int | None = None
+        self.kv_free: Callable[[], int] = lambda: 1 << 62
         self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
         self._waiting = 0
         self._seq = itertools.count()
@@ -89,6 +96,15 @@ class Limiter:
     @prefill_gate.setter
     def prefill_gate(self, tokens: int | None) -> None:
         self._gate = None if tokens is None else max(1, int(tokens))
+        self._wake()
+
+    @property
+    def kv_reserve(self) -> int | None:
+        return self._kv_reserve
+
+    @kv_reserve.setter
+    def kv_reserve(self, tokens: int | None) -> None:
+        self._kv_reserve = None if not tokens else int(tokens)
         self._wake()
 
     @property
@@ -184,7 +200,9 @@ class Limiter:
     def _fits(self, tokens: int) -> bool:
         return self.in_flight < self._limit and gate_fits(
             self.engine_prefill_tokens, tokens, self._gate, self.engine_prefill_prompts,
-            self.prefill_chunk_cap)
+            self.prefill_chunk_cap) and kv_fits(
+            self.kv_free() if self._kv_reserve else 0, self.engine_prefill_tokens, tokens,
+            self._kv_reserve, self.in_flight)
 
     def _enter(self, tokens: int) -> None:
         self.in_flight += 1

@@ -141,6 +141,46 @@ def test_a_vip_enters_at_once_past_a_full_limit_and_a_full_gate():
     assert asyncio.run(scenario()) == ((["vip"], 2, 150, 1), ["vip"], ["vip", "rt"])
 
 
+def test_the_vip_reserve_holds_others_until_the_cache_keeps_it_free_beyond_them():
+    async def scenario():
+        limiter = Limiter(16)
+        free = [2000]  # KV-cache tokens free, as the engine's statistics say
+        limiter.kv_free = lambda: free[0]
+        limiter.kv_reserve = 1000
+        await limiter.acquire(RT, tokens=100)  # 100 tokens in the engine, not prefilled
+        order: list[str] = []
+        # 2000 - 100 - 950 = 950 free after it: under the reserve; 2000 - 100 - 900 fits
+        tasks = await _queue(limiter, [("rt", RT, 950, 1.0), ("vip", LANE_VIP, 900, 9.0)],
+                             order)
+        held = (list(order), limiter.waiting)
+        free[0] = 2950  # the VIP's 900 tokens are still to come: 2950 - 900 - 950 < 1000
+        await _settle()
+        limiter.prefilled(100, finished=True)
+        still = list(order)
+        free[0] = 3000
+        limiter.prefilled(0)  # 3000 - 900 - 950 = 1150: it enters
+        await _settle()
+        await asyncio.gather(*tasks)
+        return held, still, order
+    assert asyncio.run(scenario()) == ((["vip"], 1), ["vip"], ["vip", "rt"])
+
+
+def test_the_vip_reserve_lets_anything_into_an_empty_engine_and_off_means_off():
+    async def scenario():
+        limiter = Limiter(16)
+        limiter.kv_free = lambda: 0  # a stale reading: the cache looks full
+        limiter.kv_reserve = 1000
+        await limiter.acquire(RT, tokens=500)  # an empty engine takes it
+        order: list[str] = []
+        tasks = await _queue(limiter, [("rt", RT, 10, 1.0)], order)
+        held = list(order)
+        limiter.kv_reserve = 0  # off: the waiter enters at once
+        await _settle()
+        await asyncio.gather(*tasks)
+        return held, order, limiter.kv_reserve
+    assert asyncio.run(scenario()) == ([], ["rt"], None)
+
+
 def test_a_waiter_that_gives_up_frees_those_held_behind_it():
     async def scenario():
         limiter = Limiter(16, prefill_gate=1000)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from observe import registry as R
-from slo.sim.lanes import Lanes, gate_fits
+from slo.sim.lanes import Lanes, gate_fits, kv_fits
 from slo.sim.request import SimRequest
 
 
@@ -55,6 +55,18 @@ def test_a_vip_enters_when_nothing_else_fits():
 ])
 def test_the_prefill_gate(pending, tokens, gate, fits):
     assert gate_fits(pending, tokens, gate) is fits
+
+
+@pytest.mark.parametrize("kv_free,pending,tokens,reserve,in_engine,fits", [
+    (3000, 500, 1500, 1000, 2, True),  # exactly the reserve left
+    (3000, 500, 1501, 1000, 2, False),  # one token into it
+    (3000, 0, 2001, 1000, 2, False),
+    (100, 5000, 9000, 1000, 0, True),  # an empty engine takes anything
+    (100, 5000, 9000, None, 3, True),  # no reserve
+    (-50, 0, 1, 0, 1, False),  # a cache read past full: nothing fits a reserve of 0
+])
+def test_the_vip_reserve(kv_free, pending, tokens, reserve, in_engine, fits):
+    assert kv_fits(kv_free, pending, tokens, reserve, in_engine) is fits
 
 
 def test_work_ahead_is_the_lanes_before_and_those_due_earlier_in_its_own():

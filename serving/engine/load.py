@@ -48,6 +48,11 @@ class LoadTracker:
         alpha = STEP_EWMA_ALPHA if self.recent_step_s else 1.0
         self.recent_step_s += alpha * (step.duration_s - self.recent_step_s)
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """The engine's KV-cache usage (0-1) in its latest statistics."""
+        return self._second.kv_cache_usage
+
     def admit(self, prompt_tokens: int) -> AdmissionLoad:
         """The load just before this request joins it; it is pending from now on."""
         second = self._second

@@ -122,6 +122,7 @@ class Guard:
         steps = decisions.prefill_gate_steps
         self.limiter.prefill_gate = (None if steps is None
                                      else round(steps * model.model.token_budget))
+        self.limiter.kv_reserve = decisions.vip_kv_reserve
         runtime.admission.publish(decisions)
         l2 = self.engine.machines[P.BREAKER_L2]
         if l2.state == ACTIVE and l2.since != self._restarted_episode:

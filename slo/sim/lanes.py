@@ -56,6 +56,22 @@ def gate_fits(pending_tokens: int, tokens: int, gate: int | None, pending_prompt
     return pending_tokens <= 0 or pending_tokens + tokens <= gate
 
 
+def kv_fits(kv_free: int, pending_tokens: int, tokens: int, reserve: int | None,
+            in_engine: int) -> bool:
+    """The VIP reserve's rule (serving.limiter's and the simulator's): whether a non-VIP
+    prompt of `tokens` may enter an engine whose KV cache has `kv_free` tokens free,
+    holding `in_engine` requests with `pending_tokens` not yet prefilled, so that
+    `reserve` tokens stay free once they and it are prefilled (None: no reserve). vLLM
+    starts a waiting prompt only when all of it fits the free cache and preempts nobody
+    for it, so a VIP arriving into a full cache waits for running requests to end (in
+    four design surges with VIPs past the gate, 7 of 9 VIP misses came with the cache
+    80-98% full). An empty engine takes any prompt: its cache is free whatever the
+    reading says."""
+    if reserve is None or in_engine <= 0:
+        return True
+    return kv_free - pending_tokens - tokens >= reserve
+
+
 class Lanes:
     def __init__(self):
         self._heaps: dict[str, list] = {lane: [] for lane in LANES}

@@ -1,7 +1,8 @@
 """A discrete-event simulation of one tailguard replica: admission (the policies'
-decisions, the limiter's three lanes and prefill gate, `slo.sim.lanes`) in front of a
-continuous-batching engine (`EngineModel`: chunked prefill within a token budget, one
-decode token per running request per step, vLLM's KV cache: a waiting prompt starts
+decisions, the limiter's three lanes, prefill gate and VIP KV reserve,
+`slo.sim.lanes`) in front of a continuous-batching engine (`EngineModel`: chunked
+prefill within a token budget, one decode token per running request per step, vLLM's
+KV cache: a waiting prompt starts
 only when all of it fits what is free, blocks are taken chunk by chunk, the newest
 request is preempted when decodes outgrow it), with the real `PolicyEngine` stepped
 once per simulated second on the signals the server would have seen.
@@ -22,7 +23,7 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel, attention_pairs
-from slo.sim.lanes import Lanes, deadline_of, enters_at_once, gate_fits, lane_of
+from slo.sim.lanes import Lanes, deadline_of, enters_at_once, gate_fits, kv_fits, lane_of
 from slo.sim.request import REJECTED, SimRequest
 
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
@@ -92,11 +93,12 @@ class Simulator:
         waiting = len(waiters)
         slot_wait_s = 0.0 if enters_at_once(lane_of(req)) else self._slot_wait_s(waiting)
         decoding = sum(1 for r in self.running if r.first_token is not None)
+        reserve = 0 if enters_at_once(lane_of(req)) else self.decisions.vip_kv_reserve or 0
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
                            step_left_s, slot_wait_s,
                            sum(attention_pairs(done, tokens) for done, tokens in left),
                            sum(1 for _, tokens in left if tokens > 0),
-                           self.model.kv_capacity_tokens - self._kv_allocated(),
+                           self.model.kv_capacity_tokens - self._kv_allocated() - reserve,
                            sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S)
 
     def _slot_wait_s(self, ahead: int) -> float:
@@ -128,7 +130,9 @@ class Simulator:
             pending = self._pending_prefill()
             return len(self.running) < d.concurrency_limit and gate_fits(
                 sum(pending), req.prompt, gate, sum(1 for left in pending if left > 0),
-                self.model.prefill_chunk_cap)
+                self.model.prefill_chunk_cap) and kv_fits(
+                self.model.kv_capacity_tokens - self._kv_allocated(), sum(pending),
+                req.prompt, d.vip_kv_reserve, len(self.running))
         for req in self.lanes.pop_ready(fits):
             if self.now - req.arrival > LIMITER_MAX_WAIT_S:
                 self._reject(req, "admission_timeout")
