@@ -343,6 +343,9 @@ def test_check_request_id_rejects(bad):
      "; prefill gate 1501/2048 tokens"),
     ({"prefill_gate_tokens": 2048, "engine_prefill_tokens": 0, "retry_bookings": 3},
      "; prefill gate 0/2048 tokens; 3 refused requests booked to retry"),
+    ({"prefill_gate_tokens": 2048, "engine_prefill_tokens": 0, "retry_bookings": 0,
+      "vip_kv_reserve_tokens": 1024, "kv_free_tokens": 27000},
+     "; prefill gate 0/2048 tokens; KV cache 27000 tokens free, 1024 kept for VIPs"),
     ({}, ""),  # an older server's answer
 ])
 def test_the_policies_page_states_the_gate_and_the_bookings(limiter, text):

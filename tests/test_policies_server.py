@@ -207,6 +207,7 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
         gate, budget = snapshot["limiter"], snapshot["engine_model"]["token_budget"]
         assert gate["prefill_gate_tokens"] == budget and gate["waiting"] == 0, gate
         assert gate["engine_prefill_tokens"] > budget, gate
+        assert gate["vip_kv_reserve_tokens"] is None and gate["kv_free_tokens"] > 0, gate
         began = time.monotonic()
         late = complete(guarded, PLAIN)
         assert time.monotonic() - began < 1.0  # refused at once, not after a wait

@@ -499,7 +499,7 @@ def test_initial_limit(limit, expected):
 def _on(limit: int, **kw) -> Decisions:
     """Decisions with the deadline check in force (it is unless forced off)."""
     return Decisions(limit, **{"deadline_margin": 0.8, "deadline_truncate_tokens": 4096,
-                               "prefill_gate_steps": 1.0, "vip_kv_reserve": 1024, **kw})
+                               "prefill_gate_steps": 1.0, **kw})
 
 
 @pytest.mark.parametrize("states,batch_limit,expected", [
@@ -565,6 +565,8 @@ def test_active_names_what_is_in_force(states, active):
      _on(64, deadline_margin=None, prefill_gate_steps=None, vip_kv_reserve=None)),
     (P.PolicyConfig(vip_kv_reserve_tokens=0), {}, _on(64, vip_kv_reserve=None)),
     (P.PolicyConfig(vip_kv_reserve_tokens=300), {}, _on(64, vip_kv_reserve=300)),
+    (P.PolicyConfig(vip_kv_reserve_tokens=300, deadline_check=False), {},
+     _on(64, deadline_margin=None, prefill_gate_steps=None)),
     (P.PolicyConfig(prefill_gate_steps=2.5), {}, _on(64, prefill_gate_steps=2.5)),
     (P.PolicyConfig(prefill_gate_steps=0), {}, _on(64, prefill_gate_steps=None)),
     (P.PolicyConfig(hold_retries=True), {}, _on(64, hold_retries=True)),

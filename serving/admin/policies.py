@@ -59,6 +59,9 @@ def create_policy_router(runtime) -> APIRouter:
                         "waiting": guard.limiter.waiting,
                         "prefill_gate_tokens": guard.limiter.prefill_gate,
                         "engine_prefill_tokens": guard.limiter.engine_prefill_tokens,
+                        # KV-cache room kept for VIPs, and what the cache has free now
+                        "vip_kv_reserve_tokens": guard.limiter.kv_reserve,
+                        "kv_free_tokens": runtime.admission.kv_free_tokens(),
                         # refused requests booked to come back (slo/policy/retry_book)
                         "retry_bookings": len(runtime.admission.retries)},
             # what the deadline check estimates with: the live engine model and the

@@ -90,8 +90,9 @@ class PolicyConfig:
     prefill_gate_steps: float = 1.0
     # With the deadline check on, requests other than VIPs enter the engine only while
     # its KV cache keeps this many tokens free beyond their prompts (`serving.limiter`),
-    # so a VIP arriving into a busy engine finds room at once; 0: no reserve
-    vip_kv_reserve_tokens: int = 1024
+    # so a VIP arriving into a busy engine finds room at once; 0 (the default): no
+    # reserve (with vLLM's priority scheduling it lifted no VIP figure: docs/benchmarks.md)
+    vip_kv_reserve_tokens: int = 0
     # A refused request's Retry-After comes after the bookings before it
     # (`slo.policy.retry_book`); true: its prompt also counts as work ahead of newcomers
     # until it comes back, so the time promised is kept (retries on time, at the cost

@@ -58,10 +58,15 @@ def render(src, minutes: int) -> None:
 
 def _gate(limiter: dict) -> str:
     """The prefill gate, when one is in force (prompt tokens in the engine not yet
-    prefilled against what it lets in), and the refused requests booked to retry."""
+    prefilled against what it lets in), the KV-cache reserve kept for VIPs (against
+    what the cache has free), and the refused requests booked to retry."""
     gate, booked = limiter.get("prefill_gate_tokens"), limiter.get("retry_bookings")
+    reserve = limiter.get("vip_kv_reserve_tokens")
     text = "" if gate is None else \
         f"; prefill gate {limiter.get('engine_prefill_tokens', 0)}/{gate} tokens"
+    if reserve is not None:
+        free = limiter.get("kv_free_tokens", 0)
+        text += f"; KV cache {free} tokens free, {reserve} kept for VIPs"
     return text + (f"; {booked} refused requests booked to retry" if booked else "")
 
 
