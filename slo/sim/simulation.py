@@ -2,10 +2,10 @@
 decisions, the limiter's three lanes, prefill gate and VIP KV reserve,
 `slo.sim.lanes`) in front of a continuous-batching engine (`EngineModel`: chunked
 prefill within a token budget, one decode token per running request per step, vLLM's
-KV cache: a waiting prompt starts
-only when all of it fits what is free, blocks are taken chunk by chunk, the newest
-request is preempted when decodes outgrow it), with the real `PolicyEngine` stepped
-once per simulated second on the signals the server would have seen.
+KV cache: a waiting prompt starts only when all of it fits what is free, blocks are
+taken chunk by chunk, the newest request is preempted when decodes outgrow it), with
+the real `PolicyEngine` stepped once per simulated second on the signals the server
+would have seen.
 
 Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
 same engine model, work ahead in the request's lane, the slot wait from the recent
