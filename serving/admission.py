@@ -31,7 +31,7 @@ from serving.limiter import Limiter, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.retry_book import RetryBook
-from slo.sim.lanes import LANE_VIP, enters_at_once, lane_of
+from slo.sim.lanes import LANE_VIP, kv_reserved_from, lane_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +76,11 @@ class Admission:
         self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
         limiter.kv_free = self.kv_free_tokens  # the VIP reserve's reading
 
-    def kv_free_tokens(self) -> int:
-        """KV-cache tokens the engine has free, by its latest statistics."""
-        capacity = self.engine_model.model.kv_capacity_tokens
-        return int(capacity * (1.0 - self.load.kv_cache_usage))
+    def kv_free_tokens(self, usage: float | None = None) -> int:
+        """KV-cache tokens the engine has free at `usage` (default: its latest
+        statistics)."""
+        usage = self.load.kv_cache_usage if usage is None else usage
+        return int(self.engine_model.model.kv_capacity_tokens * (1.0 - usage))
 
     def publish(self, decisions: Decisions) -> None:
         """The policy loop's latest decisions; every later request is admitted by them."""
@@ -164,9 +165,8 @@ class Admission:
         step = F.step_in_progress(model, running, at_start, since, at_start_pairs,
                                   at_start_prompts)
         ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline)
-        kv_free = int(model.kv_capacity_tokens * (1.0 - load.kv_cache_usage)) - step.chunk
-        if self.decisions.vip_kv_reserve and not enters_at_once(lane):
-            kv_free -= self.decisions.vip_kv_reserve  # it enters only with the reserve left
+        kv_free = (self.kv_free_tokens(load.kv_cache_usage) - step.chunk
+                   - kv_reserved_from(lane, self.decisions.vip_kv_reserve))
         return F.WorkAhead(in_engine - step.chunk + ahead, running, step.remaining_s,
                            self.limiter.slot_wait_s(lane, now),
                            in_engine_pairs - step.chunk_pairs + ahead_pairs,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from observe import registry as R
-from slo.sim.lanes import Lanes, gate_fits, kv_fits
+from slo.sim.lanes import LANE_VIP, Lanes, gate_fits, kv_fits, kv_reserved_from
 from slo.sim.request import SimRequest
 
 
@@ -67,6 +67,13 @@ def test_the_prefill_gate(pending, tokens, gate, fits):
 ])
 def test_the_vip_reserve(kv_free, pending, tokens, reserve, in_engine, fits):
     assert kv_fits(kv_free, pending, tokens, reserve, in_engine) is fits
+
+
+@pytest.mark.parametrize("lane,reserve,reserved", [
+    (LANE_VIP, 1024, 0), (R.PRIORITY_REALTIME, 1024, 1024), (R.PRIORITY_BATCH, 1024, 1024),
+    (R.PRIORITY_REALTIME, None, 0)])
+def test_the_reserve_is_out_of_reach_for_all_but_vips(lane, reserve, reserved):
+    assert kv_reserved_from(lane, reserve) == reserved
 
 
 def test_work_ahead_is_the_lanes_before_and_those_due_earlier_in_its_own():

@@ -72,6 +72,12 @@ def kv_fits(kv_free: int, pending_tokens: int, tokens: int, reserve: int | None,
     return kv_free - pending_tokens - tokens >= reserve
 
 
+def kv_reserved_from(lane: str, reserve: int | None) -> int:
+    """The KV-cache tokens a newcomer in `lane` cannot use: the VIP reserve, for anyone
+    but a VIP (the deadline check's KV wait, server's and simulator's)."""
+    return 0 if enters_at_once(lane) else reserve or 0
+
+
 class Lanes:
     def __init__(self):
         self._heaps: dict[str, list] = {lane: [] for lane in LANES}

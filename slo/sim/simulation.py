@@ -23,7 +23,15 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.sim.engine_model import EngineModel, attention_pairs
-from slo.sim.lanes import Lanes, deadline_of, enters_at_once, gate_fits, kv_fits, lane_of
+from slo.sim.lanes import (
+    Lanes,
+    deadline_of,
+    enters_at_once,
+    gate_fits,
+    kv_fits,
+    kv_reserved_from,
+    lane_of,
+)
 from slo.sim.request import REJECTED, SimRequest
 
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
@@ -86,14 +94,15 @@ class Simulator:
         """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
         yet prefilled, those waiting in its lane or before it, the slot wait."""
         self._forget_releases()
+        lane = lane_of(req)
         left = [(r.prefilled, max(0, (r.context or r.prompt) - r.prefilled))
                 for r in self.running]
-        waiters = list(self.lanes.ahead(lane_of(req), deadline_of(req)))
+        waiters = list(self.lanes.ahead(lane, deadline_of(req)))
         left += [(0, r.prompt) for r in waiters]
         waiting = len(waiters)
-        slot_wait_s = 0.0 if enters_at_once(lane_of(req)) else self._slot_wait_s(waiting)
+        slot_wait_s = 0.0 if enters_at_once(lane) else self._slot_wait_s(waiting)
         decoding = sum(1 for r in self.running if r.first_token is not None)
-        reserve = 0 if enters_at_once(lane_of(req)) else self.decisions.vip_kv_reserve or 0
+        reserve = kv_reserved_from(lane, self.decisions.vip_kv_reserve)
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
                            step_left_s, slot_wait_s,
                            sum(attention_pairs(done, tokens) for done, tokens in left),
