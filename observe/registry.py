@@ -38,8 +38,7 @@ STATUS_REJECTED: Final = "rejected"  # 4xx: the client's fault
 STATUS_ERROR: Final = "error"  # 5xx: the engine or the server failed
 STATUS_ABORTED: Final = "aborted"  # the client went away
 STATUSES: Final = (STATUS_OK, STATUS_REJECTED, STATUS_ERROR, STATUS_ABORTED)
-# A request's verdict against one SLO (`tailguard_slo_requests_total{result}`).
-RESULT_GOOD: Final = "good"
+RESULT_GOOD: Final = "good"  # a request's verdict against one SLO (`..._slo_requests_total`)
 RESULT_BAD: Final = "bad"
 RESULTS: Final = (RESULT_GOOD, RESULT_BAD)
 
@@ -49,9 +48,8 @@ def _steps(start: float, stop: float, step: float) -> list[float]:
     return [round(start + i * step, 6) for i in range(count + 1)]
 
 
-# Latency bounds: 10 ms apart up to 2 s so that a P99 is resolved to 10 ms wherever
-# the SLO targets live (200 ms - 2 s), then a coarse tail. vLLM's phase histograms
-# start at 0.3 s, which hides every target we care about.
+# Latency bounds: 10 ms apart up to 2 s so that a P99 is resolved to 10 ms where the SLO
+# targets live (200 ms - 2 s), then a coarse tail (vLLM's start at 0.3 s: too coarse).
 LATENCY_BUCKETS_S: Final = tuple(
     [0.001, 0.0025, 0.005] + _steps(0.01, 2.0, 0.01) + [2.5, 3, 4, 5, 7.5, 10, 15, 20, 30, 60])
 # Per-token times live in milliseconds: 1 ms apart up to 100 ms.
@@ -252,6 +250,8 @@ ALL_SPANS: Final = (SPAN_REQUEST, SPAN_TOKENIZE) + PHASE_SPANS + (SPAN_STEP,)
 
 # --- span attributes: OpenTelemetry GenAI conventions, then ours ----------------------
 ATTR_OPERATION: Final = "gen_ai.operation.name"
+# The trace log's `endpoint` -> its gen_ai.operation.name: a Responses API call is a chat.
+OPERATIONS: Final = {"chat": "chat", "text_completion": "text_completion", "responses": "chat"}
 ATTR_PROVIDER: Final = "gen_ai.provider.name"
 ATTR_REQUEST_MODEL: Final = "gen_ai.request.model"
 ATTR_RESPONSE_MODEL: Final = "gen_ai.response.model"

@@ -94,8 +94,8 @@ class RowSpans:
             self._row(span.trace_id, _new_id(64), own, rec.request_id, name,
                       epoch_ns(start), epoch_ns(end), {R.ATTR_REQUEST_ID: rec.request_id,
                                                        **attrs})
-        attributes = {R.ATTR_REQUEST_ID: rec.request_id, R.ATTR_OPERATION: rec.endpoint,
-                      R.ATTR_PROVIDER: "vllm"}
+        attributes = {R.ATTR_REQUEST_ID: rec.request_id, R.ATTR_PROVIDER: "vllm",
+                      R.ATTR_OPERATION: R.OPERATIONS.get(rec.endpoint, rec.endpoint)}
         # the SDK drops a None attribute value (it is not a valid one)
         attributes.update((k, v) for k, v in request_attributes(rec).items() if v is not None)
         self._row(span.trace_id, span.span_id, span.parent_span_id, rec.request_id,

@@ -91,8 +91,8 @@ class RequestSpans:
         span = self._tracer.start_span(
             R.SPAN_REQUEST, context=parent, kind=SpanKind.SERVER,
             start_time=self._clock.epoch_ns(rec.arrival),
-            attributes={R.ATTR_REQUEST_ID: rec.request_id, R.ATTR_OPERATION: rec.endpoint,
-                        R.ATTR_PROVIDER: "vllm"})
+            attributes={R.ATTR_REQUEST_ID: rec.request_id, R.ATTR_PROVIDER: "vllm",
+                        R.ATTR_OPERATION: R.OPERATIONS.get(rec.endpoint, rec.endpoint)})
         ctx = span.get_span_context()
         rec.trace_id = format(ctx.trace_id, "032x")
         self._remember(rec.request_id, ctx)

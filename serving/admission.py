@@ -96,7 +96,7 @@ class Admission:
             rec.policy_actions.append(f"shed:{d.shed_non_vip}")
             return _shed(d.shed_non_vip, d.retry_after_s)
         if d.max_tokens_cap is not None:
-            for field in ("max_tokens", "max_completion_tokens"):
+            for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
                 asked = getattr(request, field, None)
                 if hasattr(request, field) and (asked is None or asked > d.max_tokens_cap):
                     setattr(request, field, d.max_tokens_cap)

@@ -15,6 +15,7 @@ from starlette.requests import ClientDisconnect
 from serving.admin.auth import admin_router
 from serving.admin.policies import create_policy_router
 from serving.admin.routes import create_admin_router
+from serving.compat.routes import create_compat_router
 from serving.errors import ApiError
 from serving.generation import Endpoint, serve_generation
 from serving.runtime import Runtime
@@ -23,9 +24,12 @@ from serving.runtime import Runtime
 def _endpoints():
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
 
     return (Endpoint("chat", ChatCompletionRequest, "chat", "create_chat_completion"),
-            Endpoint("text_completion", CompletionRequest, "completion", "create_completion"))
+            Endpoint("text_completion", CompletionRequest, "completion", "create_completion"),
+            Endpoint("responses", ResponsesRequest, "responses", "create_responses",
+                     json_mode=True))
 
 
 def _schema_router(app: FastAPI, runtime: Runtime) -> APIRouter:
@@ -53,7 +57,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app = FastAPI(title="tailguard", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None, redirect_slashes=False)
     app.state.runtime = runtime
-    chat, completion = _endpoints()
+    chat, completion, responses = _endpoints()
 
     def _not_ready() -> JSONResponse:
         return ApiError(503, "engine_not_ready", "the engine is not ready").response()
@@ -65,6 +69,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(raw: Request):
         return await serve_generation(raw, completion, runtime.deps)
+
+    @app.post("/v1/responses")
+    async def create_responses(raw: Request):
+        return await serve_generation(raw, responses, runtime.deps)
 
     @app.get("/v1/models")
     async def models():
@@ -112,6 +120,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     async def invalid(_: Request, exc: RequestValidationError):
         return ApiError(400, "validation_error", str(exc)).response()
 
+    app.include_router(create_compat_router(runtime))
     app.include_router(create_admin_router(runtime))
     app.include_router(_schema_router(app, runtime))
     app.include_router(create_policy_router(runtime))

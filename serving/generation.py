@@ -48,10 +48,11 @@ class ClientGone(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    name: str  # gen_ai.operation.name: "chat" or "text_completion"
+    name: str  # the trace log's `endpoint` (its gen_ai.operation.name: R.OPERATIONS)
     request_cls: type
     serving: str  # attribute of `EngineHandle` holding vLLM's serving object
     handler: str  # its method to call
+    json_mode: bool = False  # dump the answer as vLLM's router does for it (by alias)
 
 
 async def serve_generation(raw: Request, endpoint: Endpoint, deps: RequestDeps):
@@ -88,7 +89,9 @@ async def serve_generation(raw: Request, endpoint: Endpoint, deps: RequestDeps):
             stream, deps.config.stream_write_timeout_s, rec,
             media_type="text/event-stream"), rec)
     deps.observer.finish(rec, span)
-    return _with_id(JSONResponse(result.model_dump()), rec)
+    body = result.model_dump(mode="json", by_alias=True) if endpoint.json_mode \
+        else result.model_dump()
+    return _with_id(JSONResponse(body), rec)
 
 
 async def _generate(raw: Request, endpoint: Endpoint, deps: RequestDeps, rec, handle):
@@ -101,7 +104,8 @@ async def _generate(raw: Request, endpoint: Endpoint, deps: RequestDeps, rec, ha
                        headers={"Retry-After": "5"})
     if client is None:
         raise ApiError(401, "invalid_api_key", "a valid API key is required")
-    request = _parse(endpoint.request_cls, await _read_json(raw, deps.config.max_body_bytes))
+    request = parse_body(endpoint.request_cls.model_validate,
+                         await read_json(raw, deps.config.max_body_bytes))
     rec.model, rec.stream = request.model or deps.config.model_name, bool(request.stream)
     _check_limits(request, deps.config.max_n)
     deps.quota.take(rec, _quota_key(deps.keys, client, raw), request)
@@ -184,7 +188,8 @@ async def _disconnected(raw: Request) -> None:
         pass
 
 
-async def _read_json(raw: Request, limit: int):
+async def read_json(raw: Request, limit: int) -> dict:
+    """The body as a JSON object, or the 4xx that says why not."""
     _check_media_type(raw.headers.get("content-type"))
     declared = raw.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
@@ -226,9 +231,10 @@ def _check_media_type(content_type: str | None) -> None:
                        f"Content-Type must be application/json, not {media or 'empty'!r}")
 
 
-def _parse(request_cls, body: dict):
+def parse_body(validate, body: dict):
+    """`validate(body)` (a pydantic model's or TypeAdapter's), its failures as 400s."""
     try:
-        return request_cls.model_validate(body)
+        return validate(body)
     except ValidationError as exc:
         raise from_validation(exc) from None
     except Exception as exc:  # vLLM's validators raise its own errors directly

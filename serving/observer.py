@@ -34,6 +34,11 @@ class Observer:
         self.listeners: list = []  # called with each finished record (the policy engine)
         self._open: set[str] = set()  # request ids begun and not yet finished
 
+    @property
+    def in_flight(self) -> int:
+        """Requests begun and not yet finished (`GET /load`)."""
+        return len(self._open)
+
     def begin(self, endpoint: str, headers: Mapping[str, str]):
         """A record and an open `llm.request` span, stamped now."""
         request_id = _request_id(headers)

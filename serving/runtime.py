@@ -37,6 +37,7 @@ from serving.engine.step_receiver import StepLedger
 from serving.engine.warmup import warm_up
 from serving.guard.live_forecast import ForecastService
 from serving.guard.live_predictor import PredictionService
+from serving.compat.responses import ResponsesServing
 from serving.guard.loop import Guard
 from serving.guard.loop_lag import LoopLagMonitor
 from serving.guard.periodic import Periodic
@@ -57,6 +58,8 @@ class EngineHandle:
     chat: object
     completion: object
     models: object
+    responses: object  # serving.compat.responses.ResponsesServing
+    tokenization: object
 
 
 class EngineSlot:
@@ -279,7 +282,8 @@ class Runtime:
 
 
 async def _serving_handle(engine: ObservedEngine, args) -> EngineHandle:
-    """vLLM's own app state (chat, completion, models) built on our engine client."""
+    """vLLM's own app state (chat, completion, responses, models, tokenization) built
+    on our engine client."""
     from starlette.datastructures import State
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 
@@ -287,4 +291,6 @@ async def _serving_handle(engine: ObservedEngine, args) -> EngineHandle:
     state = State()
     await init_app_state(engine, state, args, tasks)
     return EngineHandle(engine, args, state.openai_serving_chat,
-                        state.openai_serving_completion, state.openai_serving_models)
+                        state.openai_serving_completion, state.openai_serving_models,
+                        ResponsesServing(state.openai_serving_responses, engine),
+                        state.serving_tokenization)
