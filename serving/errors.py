@@ -115,8 +115,14 @@ def from_validation(exc) -> ApiError:
     """A pydantic `ValidationError` on the request body -> 400 naming each field."""
     problems = []
     for item in exc.errors()[:5]:
-        where = ".".join(str(p) for p in item.get("loc", ())) or "body"
+        where = ".".join(_plain(item.get("loc", ()))) or "body"
         problems.append(f"{where}: {item.get('msg')}")
     first = exc.errors()[0].get("loc", ()) if exc.errors() else ()
-    param = ".".join(str(p) for p in first) or None
+    param = ".".join(_plain(first)) or None
     return ApiError(400, "validation_error", "; ".join(problems), param)
+
+
+def _plain(loc) -> list[str]:
+    """A field's path without pydantic's validator wrappers (a union member reads
+    `function-wrap[__log_extra_fields__()]`, which names no field)."""
+    return [str(p) for p in loc if not str(p).startswith("function-")]

@@ -82,6 +82,9 @@ CASES = [
     _completion("error_unknown_model_completion", prompt="x", model="no-such-model"),
     _chat("error_unknown_model_chat", model="no-such-model"),
     _responses("error_unknown_model_responses", model="no-such-model"),
+    _responses("error_responses_stream_too_long", stream=True, input="river " * 5000),
+    _chat("error_chat_stream_too_long", stream=True,
+          messages=[{"role": "user", "content": "river " * 5000}]),
     Case("error_unknown_model_tokenize", "POST", "/tokenize",
          {"model": "no-such-model", "prompt": "x"}),
     Case("error_tokenize_no_prompt", "POST", "/tokenize", {"model": NAME}),
@@ -108,6 +111,43 @@ def error_view(body):
 
 ERROR_CASE = Deliberate("error type/code/message are OpenAI's and tailguard's", error_view)
 DELIBERATE = {case.name: ERROR_CASE for case in CASES if case.name.startswith("error_")}
+
+
+def stream_view(events: list) -> list:
+    """A stream as both servers must agree on it whatever the timing: vLLM merges a
+    request's token deltas while its reader lags (on its own server as on ours), so
+    consecutive text deltas are joined and sequence numbers follow the joined events."""
+    merged: list = []
+    for name, data in events:
+        if merged and _joinable(*merged[-1]) and _joinable(name, data):
+            merged[-1] = (name, _joined(merged[-1][1], data))
+        else:
+            merged.append((name, data))
+    for number, (_, data) in enumerate(merged):
+        if isinstance(data, dict) and "sequence_number" in data:
+            data["sequence_number"] = number
+    return merged
+
+
+def _joinable(name, data) -> bool:
+    if name == "response.output_text.delta":
+        return not data.get("logprobs")
+    if name is not None or not isinstance(data, dict) or data.get("usage"):
+        return False
+    choices = data.get("choices") or []
+    return len(choices) == 1 and choices[0].get("finish_reason") is None \
+        and choices[0].get("logprobs") is None \
+        and ("text" in choices[0] or (choices[0].get("delta") or {}).get("content"))
+
+
+def _joined(first: dict, then: dict) -> dict:
+    if "delta" in first and "choices" not in first:  # a Responses text delta
+        return {**first, "delta": first["delta"] + then["delta"]}
+    (a,), (b,) = first["choices"], then["choices"]
+    if "text" in a:
+        return {**first, "choices": [{**a, "text": a["text"] + b["text"]}]}
+    delta = {**a["delta"], "content": a["delta"]["content"] + b["delta"]["content"]}
+    return {**first, "choices": [{**a, "delta": delta}]}
 
 
 def shape(value):

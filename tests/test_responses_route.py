@@ -77,7 +77,7 @@ def test_a_shed_response_is_a_503_with_retry_after_not_a_broken_stream(server):
     for resp in (plain, streamed):
         assert resp.status_code == 503, resp.text
         assert resp.headers["retry-after"]
-        assert resp.json()["error"]["code"] == "vip_only"
+        assert resp.json()["error"]["code"] == "shed"
         found = row(server, resp)
         assert (found["endpoint"], found["status"]) == ("responses", "rejected")
         assert found["policy_actions"] == ["shed:vip_only"]
@@ -112,12 +112,12 @@ def test_load_counts_generation_requests_in_flight(server):
     in flight; idle it is 0, during a streamed response 1."""
     wait_load(server, 0)
     with httpx.stream("POST", server.url + "/v1/responses", timeout=120,
-                      json={"model": NAME, "input": "x", "max_output_tokens": 200,
+                      json={"model": NAME, "input": "x", "max_output_tokens": 1500,
                             "ignore_eos": True, "stream": True}) as resp:
-        first = next(resp.iter_lines())
-        assert first.startswith("event: response.created")
+        lines = resp.iter_lines()  # kept: a dropped iterator closes the stream
+        assert next(lines).startswith("event: response.created")
         assert httpx.get(server.url + "/load", timeout=10).json() == {"server_load": 1}
-        resp.read()
+        assert sum(1 for _ in lines) > 1000
     wait_load(server, 0)  # the record is finished just after the stream's last byte
 
 
@@ -127,3 +127,74 @@ def wait_load(server, expected: int, timeout_s: float = 10) -> None:
             "server_load": expected}:
         assert time.monotonic() < deadline, load
         time.sleep(0.05)
+
+
+class _Event:
+    """What vLLM's Responses stream yields: a typed pydantic event (here a stand-in)."""
+
+    def __init__(self, type_: str, sequence_number: int):
+        self.type, self.sequence_number = type_, sequence_number
+
+    def model_dump_json(self, **_) -> str:
+        return json.dumps({"type": self.type, "sequence_number": self.sequence_number})
+
+
+class _Serving:
+    def __init__(self, fail_after: int):
+        self.fail_after = fail_after
+
+    async def create_responses(self, request, raw):
+        async def events():
+            names = ["response.created", "response.in_progress", "response.output_text.delta",
+                     "response.output_text.delta", "response.completed"]
+            for number, name in enumerate(names):
+                if number == self.fail_after:
+                    raise RuntimeError("engine went away")
+                yield _Event(name, number)
+        return events()
+
+
+class _Engine:
+    def __init__(self, outcome=None):
+        self._outcome = outcome
+
+    def outcome(self, owner):
+        return self._outcome
+
+
+def _run(serving, engine):
+    import asyncio
+
+    from observe.record import RequestRecord
+    from serving.compat.responses import ResponsesServing
+    from serving.engine.observed import current_request
+
+    async def go():
+        rec = RequestRecord(request_id="r1", arrival=0.0, endpoint="responses")
+        current_request.set(rec)
+        stream = await ResponsesServing(serving, engine).create_responses(None, None)
+        return rec, [chunk async for chunk in stream]
+
+    return asyncio.run(go())
+
+
+def test_a_refusal_when_the_engine_is_first_asked_raises_before_any_event():
+    from serving.admission import Refusal
+
+    refusal = Refusal("deadline", "cannot meet it", 3, status=429)
+    try:
+        _run(_Serving(fail_after=2), _Engine(refusal))
+    except RuntimeError as exc:  # `serving.generation._start` turns it into the 429
+        assert str(exc) == "engine went away"
+    else:
+        raise AssertionError("the opening events went out before the engine answered")
+
+
+def test_a_failure_inside_a_started_stream_ends_it_with_an_error_event():
+    rec, chunks = _run(_Serving(fail_after=3), _Engine())
+    assert [c.split("\n")[0] for c in chunks] == [
+        "event: response.created", "event: response.in_progress",
+        "event: response.output_text.delta", "event: error"]
+    error = json.loads(chunks[-1].split("data: ", 1)[1])
+    assert (error["sequence_number"], error["code"]) == (3, "engine_error")
+    assert (rec.http_status, rec.error_type, rec.status) == (500, "engine_error", "error")
