@@ -87,6 +87,10 @@ CASES = [
           messages=[{"role": "user", "content": "river " * 5000}]),
     Case("error_unknown_model_tokenize", "POST", "/tokenize",
          {"model": "no-such-model", "prompt": "x"}),
+    # stored responses are off on both (vLLM keeps them only with
+    # VLLM_ENABLE_RESPONSES_API_STORE=1): an id is not found either way
+    Case("error_retrieve_a_response", "GET", "/v1/responses/resp_0123456789abcdef"),
+    Case("error_cancel_a_response", "POST", "/v1/responses/resp_0123456789abcdef/cancel"),
     Case("error_tokenize_no_prompt", "POST", "/tokenize", {"model": NAME}),
     Case("error_detokenize_not_ids", "POST", "/detokenize", {"model": NAME, "tokens": "x"}),
 ]
