@@ -259,6 +259,14 @@ def test_traces_sql_box_runs_examples_edits_and_refuses_writes(live, seeded, ser
     (download,) = app.get("download_button")
     assert download.proto.label == "Download CSV"
 
+    app.text_area(key="sql").input("SELECT i FROM range(10005) t(i)")
+    app = run_query(app)
+    assert len(app.dataframe[-1].value) == 10_000
+    (cut,) = texts(app.warning)
+    assert cut.startswith("Only the first 10,000 rows are shown"), cut
+    app.text_area(key="sql").input(sql)
+    assert not run_query(app).warning  # a whole answer says nothing
+
     count = "SELECT count(*) AS n FROM requests"
     before = server.sql(count)[0]["n"]
     for bad in ("DELETE FROM requests", "SELEC request_id FROM requests",

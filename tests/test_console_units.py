@@ -352,3 +352,19 @@ def test_the_policies_page_states_the_gate_and_the_bookings(limiter, text):
     from dashboards.console.views.policies import _gate
 
     assert _gate(limiter) == text
+
+
+def test_a_cut_answer_says_so_on_the_frame_from_a_file_and_from_a_server(tmp_path):
+    """The console's frames carry the query's truncation (the SQL box warns on it): a
+    trace file's answer as `TraceFile.query` reads it, a server's JSON as `_frame` does."""
+    from dashboards.console.client import TraceFile, _frame
+
+    path = str(tmp_path / "t.duckdb")
+    duckdb.connect(path).close()
+    cut = TraceFile(path).query("SELECT i FROM range(10005) t(i)")
+    whole = TraceFile(path).query("SELECT i FROM range(10) t(i)")
+    assert (len(cut), cut.attrs["truncated_by"]) == (10_000, "max_rows")
+    assert (len(whole), whole.attrs["truncated_by"]) == (10, None)
+    by_size = _frame({"columns": ["x"], "rows": [[1]], "truncated": True,
+                      "truncated_by": "max_bytes"})
+    assert by_size.attrs["truncated_by"] == "max_bytes"

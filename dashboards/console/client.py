@@ -35,9 +35,14 @@ class ConsoleError(Exception):
 
 
 def _frame(data: dict):
+    """The answer as a DataFrame; `attrs["truncated_by"]` says what cut it short
+    ("max_rows" or "max_bytes"), None when it is whole: a view must say so."""
     import pandas as pd
 
-    return pd.DataFrame(data["rows"], columns=data["columns"])
+    frame = pd.DataFrame(data["rows"], columns=data["columns"])
+    frame.attrs["truncated_by"] = data.get("truncated_by") or (
+        "max_rows" if data.get("truncated") else None)
+    return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +131,8 @@ class TraceFile:
             result = query_file(self.path, sql, max_rows=max_rows)
         except QueryError as exc:
             raise ConsoleError(str(exc)) from None
-        return _frame({"columns": result.columns, "rows": result.rows})
+        return _frame({"columns": result.columns, "rows": result.rows,
+                       "truncated": result.truncated, "truncated_by": result.truncated_by})
 
     def slo(self) -> dict:
         from functools import partial

@@ -33,9 +33,17 @@ def sql_box(src) -> None:
     result = st.session_state.get(RESULT_KEY)
     if result is not None:
         st.caption(f"{len(result)} rows")
+        if result.attrs.get("truncated_by"):
+            st.warning(_cut_short(len(result), result.attrs["truncated_by"]))
         st.dataframe(result, hide_index=True)
         st.download_button("Download CSV", result.to_csv(index=False).encode(),
                            file_name="tailguard-query.csv", mime="text/csv")
+
+
+def _cut_short(rows: int, by: str) -> str:
+    limit = f"{rows:,} rows" if by == "max_rows" else "the answer's size limit"
+    return (f"Only the first {rows:,} rows are shown: the answer stopped at {limit}, and "
+            "the CSV holds these rows only. Aggregate, or add a WHERE or LIMIT.")
 
 
 def request_waterfall(src, request_id: str) -> None:
