@@ -368,3 +368,19 @@ def test_a_cut_answer_says_so_on_the_frame_from_a_file_and_from_a_server(tmp_pat
     by_size = _frame({"columns": ["x"], "rows": [[1]], "truncated": True,
                       "truncated_by": "max_bytes"})
     assert by_size.attrs["truncated_by"] == "max_bytes"
+
+
+LIMITER = {"in_flight": 2, "limit": 16, "waiting": 0, "prefill_gate_tokens": None}
+
+
+@pytest.mark.parametrize("signals, text", [
+    ({"p99_s": 0.2346, "load": 0.5, "kv_usage": 0.25, "kv_forecast": 0.3, "queue_depth": 3},
+     "Signals: P99 0.235 s, load 50%, KV 25% (forecast 30%), queue 3"),
+    ({"p99_s": None, "load": 0.0, "kv_usage": 0.0, "kv_forecast": None, "queue_depth": 0},
+     "Signals: P99 -, load 0%, KV 0% (forecast -), queue 0"),  # null is not zero
+    ({}, "Signals: P99 -, load -, KV - (forecast -), queue 0"),
+])
+def test_the_policies_page_shows_null_signals_as_missing_not_as_zero(signals, text):
+    from dashboards.console.views.policies import signals_caption
+
+    assert signals_caption(signals, LIMITER) == text + "; limiter 2/16 in flight, 0 waiting."

@@ -49,11 +49,20 @@ def render(src, minutes: int) -> None:
     st.dataframe(state_table(data["policies"]), hide_index=True)
     signals = data.get("signals") or {}
     limiter = data["limiter"]
-    st.caption(f"Signals: P99 {signals.get('p99_s') or 0:.3f} s, load "
-               f"{signals.get('load') or 0:.0%}, KV {signals.get('kv_usage') or 0:.0%} "
-               f"(forecast {signals.get('kv_forecast') or 0:.0%}), queue "
-               f"{signals.get('queue_depth', 0)}; limiter {limiter['in_flight']}/"
-               f"{limiter['limit']} in flight, {limiter['waiting']} waiting{_gate(limiter)}.")
+    st.caption(signals_caption(signals, limiter))
+
+
+def signals_caption(signals: dict, limiter: dict) -> str:
+    """What the policies read now. A signal the server reports as null (no samples
+    yet: no finished request in the window, no forecast made) reads "-", never 0."""
+    def shown(key: str, spec: str, unit: str = "") -> str:
+        value = signals.get(key)
+        return "-" if value is None else f"{value:{spec}}{unit}"
+
+    return (f"Signals: P99 {shown('p99_s', '.3f', ' s')}, load {shown('load', '.0%')}, "
+            f"KV {shown('kv_usage', '.0%')} (forecast {shown('kv_forecast', '.0%')}), "
+            f"queue {signals.get('queue_depth', 0)}; limiter {limiter['in_flight']}/"
+            f"{limiter['limit']} in flight, {limiter['waiting']} waiting{_gate(limiter)}.")
 
 
 def _gate(limiter: dict) -> str:
