@@ -384,3 +384,18 @@ def test_the_policies_page_shows_null_signals_as_missing_not_as_zero(signals, te
     from dashboards.console.views.policies import signals_caption
 
     assert signals_caption(signals, LIMITER) == text + "; limiter 2/16 in flight, 0 waiting."
+
+
+def test_the_context_mix_leaves_out_requests_refused_before_their_prompt_was_read(tmp_path):
+    path = str(tmp_path / "mix.duckdb")
+    now = datetime.now(UTC)
+    with duckdb.connect(path) as conn:
+        create_schema(conn)
+        for i, (status, prompt) in enumerate([("ok", 300), ("rejected", 0),
+                                              ("rejected", None), ("rejected", 21)]):
+            conn.execute("INSERT INTO requests (request_id, arrival_ts, status, prompt_tokens)"
+                         " VALUES (?, ?, ?, ?)", [f"r{i}", now - timedelta(seconds=5), status,
+                                                  prompt])
+    five = {r["tokens_from"]: r["requests"] for r in rows_as_dicts(path, Q.context_distribution())
+            if r["period"] == "last 5 min"}
+    assert five == {256: 1, 16: 1}  # a refused prompt of known length still counts

@@ -52,10 +52,12 @@ def latency_by_bucket(minutes: int) -> str:
 
 
 def context_distribution() -> str:
-    """Share of requests per power-of-two prompt length, for each comparison period."""
+    """Share of requests per power-of-two prompt length, for each comparison period.
+    Requests refused before their prompt was read (no tokens counted) have no length:
+    they are left out, not counted as 1-token prompts."""
     parts = [f"SELECT '{label}' AS period, {order} AS period_order, "
-             "CAST(pow(2, floor(log2(greatest(prompt_tokens, 1)))) AS BIGINT) AS tokens_from, "
-             f"count(*) AS requests FROM requests WHERE prompt_tokens IS NOT NULL "
+             "CAST(pow(2, floor(log2(prompt_tokens))) AS BIGINT) AS tokens_from, "
+             f"count(*) AS requests FROM requests WHERE prompt_tokens > 0 "
              f"AND {_since(minutes)} GROUP BY ALL"
              for order, (label, minutes) in enumerate(CONTEXT_PERIODS.items())]
     return ("SELECT period, tokens_from, requests, requests / sum(requests) OVER "
