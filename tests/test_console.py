@@ -205,7 +205,7 @@ def test_latency_metric_radio_switches_the_chart(live, seeded):
         assert shares["encoding"]["x"]["title"] == "prompt tokens (from)"
     by_bucket, outcomes = (d.value for d in app.dataframe)
     assert "0-1k" in set(by_bucket["context_bucket"])
-    assert {"ttft_p99", "tpot_p99", "e2e_p99", "slo_attainment"} <= set(by_bucket.columns)
+    assert {"ttft_p99", "tpot_p99", "e2e_p99", "met_every_slo"} <= set(by_bucket.columns)
     ok = outcomes[outcomes["status"] == "ok"]["requests"]
     assert len(ok) == 1 and ok.iloc[0] >= len(SEEDS) + 1
 

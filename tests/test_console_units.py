@@ -180,10 +180,10 @@ def test_percentiles_over_time_refuses_an_unknown_metric():
 def test_latency_by_bucket(trace_db):
     rows = rows_as_dicts(trace_db, Q.latency_by_bucket(15))
     assert list(rows[0]) == ["context_bucket", "requests"] + [
-        f"{m}_p{p}" for m in ("ttft", "tpot", "e2e") for p in (50, 95, 99)] + ["slo_attainment"]
+        f"{m}_p{p}" for m in ("ttft", "tpot", "e2e") for p in (50, 95, 99)] + ["met_every_slo"]
     assert [(r["context_bucket"], r["requests"]) for r in rows] == [("0-1k", 2), ("1k-4k", 1)]
     assert rows[0]["ttft_p50"] == pytest.approx(0.075)  # ok 0-1k requests: 0.05, 0.1
-    assert rows[0]["slo_attainment"] == 1.0
+    assert rows[0]["met_every_slo"] == 1.0
 
 
 def test_context_distribution(trace_db):

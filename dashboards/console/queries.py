@@ -43,10 +43,12 @@ def percentiles_over_time(minutes: int, metric: str = "ttft_s") -> str:
 
 
 def latency_by_bucket(minutes: int) -> str:
+    """Percentiles of served requests per context bucket, and `met_every_slo`: the share
+    of them within every SLO at once (Overview's attainment is per SLO, over all)."""
     cols = ", ".join(f"quantile_cont({m}_s, {q}) AS {m}_p{int(q * 100)}"
                      for m in ("ttft", "tpot", "e2e") for q in PERCENTILES)
     return (f"SELECT context_bucket, count(*) AS requests, {cols}, "
-            "avg(CASE WHEN slo_ok THEN 1.0 ELSE 0.0 END) AS slo_attainment "
+            "avg(CASE WHEN slo_ok THEN 1.0 ELSE 0.0 END) AS met_every_slo "
             f"FROM requests WHERE status = 'ok' AND {_since(minutes)} "
             "GROUP BY ALL ORDER BY context_bucket")
 
