@@ -351,6 +351,23 @@ def test_an_override_from_the_policies_page_reaches_the_server(live, server):
         live.set_policy(name, "auto", "console test cleanup")
 
 
+def test_the_override_form_follows_the_server_when_an_override_expires(live, server):
+    name = P.TOKEN_CAP
+    live.set_policy(name, "force_on", "console test: expiring", ttl_s=2)
+    try:
+        app = open_app(POLICIES)
+        assert app.radio(key=f"mode-{name}").value == "force_on"
+        deadline = time.monotonic() + 30
+        while policy(server.url, name)["override"] is not None:
+            assert time.monotonic() < deadline, "the override did not expire"
+            time.sleep(0.25)
+        app = rerun(app)
+        assert app.dataframe[0].value.set_index("policy").loc[name, "mode"] == "auto"
+        assert app.radio(key=f"mode-{name}").value == "auto"  # not the expired mode
+    finally:
+        live.set_policy(name, "auto", "console test cleanup")
+
+
 def test_the_sidebar_settings_persist_across_pages(live, seeded, monkeypatch):
     monkeypatch.setenv("TAILGUARD_CONSOLE_REFRESH_S", "0")
     app = open_app()

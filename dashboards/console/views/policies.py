@@ -101,14 +101,26 @@ def override_forms(src) -> None:
     st.subheader("Overrides")
     for p in src.policies()["policies"]:
         name, current = p["policy"], (p["override"] or {}).get("mode", AUTO)
+        _follow_server(name, current)
         with st.form(f"override-{name}", border=True):
             cols = st.columns([2, 4, 5, 2, 1.4], vertical_alignment="bottom")
             cols[0].markdown(f"**{name}**  \n{EFFECTIVE_ICONS.get(p['effective'], '')}")
             cols[1].radio("Mode", list(MODES), format_func=MODES.get, horizontal=True,
-                          index=list(MODES).index(current), key=f"mode-{name}")
+                          key=f"mode-{name}")
             cols[2].text_input("Reason (required)", key=f"reason-{name}")
             cols[3].number_input("TTL (min, 0 = none)", 0, 24 * 60, 0, key=f"ttl-{name}")
             cols[4].form_submit_button("Apply", on_click=_apply, args=(src, name))
+
+
+def _follow_server(name: str, current: str) -> None:
+    """The mode selector shows the server's mode whenever that changed since the page
+    last saw it (an override expired, another operator set one): Streamlit keeps a
+    widget's own session value and ignores `index=`, so an expired override's mode
+    would stay selected."""
+    seen = f"mode-seen-{name}"
+    if st.session_state.get(seen) != current:
+        st.session_state[f"mode-{name}"] = current
+        st.session_state[seen] = current
 
 
 def audit(src) -> None:
