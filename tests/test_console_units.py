@@ -399,3 +399,22 @@ def test_the_context_mix_leaves_out_requests_refused_before_their_prompt_was_rea
     five = {r["tokens_from"]: r["requests"] for r in rows_as_dicts(path, Q.context_distribution())
             if r["period"] == "last 5 min"}
     assert five == {256: 1, 16: 1}  # a refused prompt of known length still counts
+
+
+@pytest.mark.parametrize("entry, label", [
+    ({"policy": "batch_control", "effective": "active", "limit": 16, "initial": 16,
+      "cap": 64}, "⚙️ limit 16 (cap 64)"),  # idle: a controller at rest, no alarm colour
+    ({"policy": "batch_control", "effective": "active", "limit": 24, "initial": 16,
+      "cap": 64}, "⚙️ limit 24 (cap 64)"),  # raised: more room, no trouble
+    ({"policy": "batch_control", "effective": "active", "limit": 8, "initial": 16,
+      "cap": 64}, "🟠 limit 8 (cut from 16)"),
+    ({"policy": "batch_control", "effective": "inactive", "limit": 64},
+     "⚪ forced off (limit 64)"),
+    ({"policy": "batch_control", "effective": "active", "limit": 16}, "⚙️ limit 16"),
+    ({"policy": "token_cap", "effective": "active"}, "🔴 active"),
+    ({"policy": "token_cap", "effective": "inactive"}, "🟢 inactive"),
+])
+def test_batch_control_shows_its_limit_and_is_coloured_only_when_it_lowered_it(entry, label):
+    from dashboards.console.views.policies import effective_label
+
+    assert effective_label(entry) == label

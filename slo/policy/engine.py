@@ -149,5 +149,6 @@ class PolicyEngine:
         batch = out[-1]  # the controller: on unless forced off
         forced_off = batch["override"] is not None and batch["override"]["mode"] == FORCE_OFF
         batch.update(state=ACTIVE, effective=INACTIVE if forced_off else ACTIVE,
-                     limit=self.batch.limit)
+                     limit=self.batch.limit, initial=self.config.batch_initial,
+                     cap=self.config.batch_cap)
         return out

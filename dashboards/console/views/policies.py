@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboards.console import common
 from dashboards.console.client import ConsoleError
+from slo.policy.conditions import BATCH_CONTROL
 from slo.policy.lifecycle import ACTIVE, AUTO, FORCE_OFF, FORCE_ON, INACTIVE, RECOVERING
 
 # Each override mode (defined in slo.policy.lifecycle) as the form shows it.
@@ -23,12 +24,25 @@ def _when(epoch: float | None) -> datetime | None:
     return None if not epoch else datetime.fromtimestamp(epoch, timezone.utc)
 
 
+def effective_label(p: dict) -> str:
+    """A policy's state as the table shows it. Batch control is a controller, always
+    on: it shows its limit, in colour only while it has cut the limit below where it
+    starts (TTFT P99 over its target), which is trouble; at rest or raised, no alarm."""
+    if p["policy"] != BATCH_CONTROL or "limit" not in p:
+        return EFFECTIVE_ICONS.get(p["effective"], p["effective"])
+    if p["effective"] == INACTIVE:
+        return f"⚪ forced off (limit {p['limit']})"
+    limit, initial, cap = p["limit"], p.get("initial"), p.get("cap")
+    if initial is not None and limit < initial:
+        return f"🟠 limit {limit} (cut from {initial})"
+    return f"⚙️ limit {limit}" + ("" if cap is None else f" (cap {cap})")
+
+
 def state_table(policies: list[dict]) -> pd.DataFrame:
     rows = []
     for p in policies:
         o = p["override"] or {}
-        rows.append({"policy": p["policy"], "effective": EFFECTIVE_ICONS.get(p["effective"],
-                                                                              p["effective"]),
+        rows.append({"policy": p["policy"], "effective": effective_label(p),
                      "machine state": p["state"], "mode": MODES[o.get("mode", AUTO)],
                      "reason": o.get("reason") if o.get("mode", AUTO) != AUTO
                      else p.get("reason"),
@@ -104,7 +118,7 @@ def override_forms(src) -> None:
         _follow_server(name, current)
         with st.form(f"override-{name}", border=True):
             cols = st.columns([2, 4, 5, 2, 1.4], vertical_alignment="bottom")
-            cols[0].markdown(f"**{name}**  \n{EFFECTIVE_ICONS.get(p['effective'], '')}")
+            cols[0].markdown(f"**{name}**  \n{effective_label(p)}")
             cols[1].radio("Mode", list(MODES), format_func=MODES.get, horizontal=True,
                           key=f"mode-{name}")
             cols[2].text_input("Reason (required)", key=f"reason-{name}")
