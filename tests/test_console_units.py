@@ -418,3 +418,24 @@ def test_batch_control_shows_its_limit_and_is_coloured_only_when_it_lowered_it(e
     from dashboards.console.views.policies import effective_label
 
     assert effective_label(entry) == label
+
+
+def test_a_day_of_kv_samples_reaches_the_chart_up_to_now(tmp_path):
+    """A day of one-per-5-s engine_stats rows: the 1-day chart holds the newest hours
+    too (5 s bins made 17,280 rows, and the 10,000-row cap kept the oldest)."""
+    path = str(tmp_path / "day.duckdb")
+    with duckdb.connect(path) as conn:
+        create_schema(conn)
+        conn.execute("INSERT INTO engine_stats (ts, running, waiting, kv_cache_usage, "
+                     "preemptions) SELECT now() - to_seconds(5 * i), 1, 0, 0.5, 0 "
+                     "FROM range(17280) t(i)")
+        conn.execute("INSERT INTO forecasts (ts, target_ts, target, horizon_s, model, value) "
+                     "SELECT now() - to_seconds(5 * i), now() - to_seconds(5 * i) + "
+                     "INTERVAL 300 SECOND, 'kv_cache_usage', 300, m, 0.4 "
+                     "FROM range(17280) t(i), (VALUES ('lstm'), ('last_value')) v(m)")
+    day = 24 * 60
+    for sql in (Q.kv_actual(day), Q.kv_forecast(day)):
+        result = query_file(path, sql, max_rows=10_000)
+        assert not result.truncated and len(result.rows) <= 1_300
+        newest = max(row[0] for row in result.rows)
+        assert datetime.now(UTC) - newest < timedelta(minutes=5), newest

@@ -115,15 +115,25 @@ def request_row(request_id: str) -> str:
     return f"SELECT * FROM requests WHERE request_id = '{rid}'"
 
 
+def fine_bin_seconds(minutes: int) -> int:
+    """5 s bins up to a 50-minute window, then at most 600 points: a day of 5 s bins
+    (17,280) passed the console's 10,000-row cap, which kept the oldest rows."""
+    return max(5, minutes * 60 // 600)
+
+
 def kv_actual(minutes: int) -> str:
-    return (f"SELECT time_bucket(INTERVAL 5 SECOND, ts) AS t, avg(kv_cache_usage) AS value "
-            f"FROM engine_stats WHERE {_since(minutes, 'ts')} GROUP BY ALL ORDER BY t")
+    return (f"SELECT time_bucket(INTERVAL {fine_bin_seconds(minutes)} SECOND, ts) AS t, "
+            f"avg(kv_cache_usage) AS value FROM engine_stats "
+            f"WHERE {_since(minutes, 'ts')} GROUP BY ALL ORDER BY t")
 
 
 def kv_forecast(minutes: int) -> str:
-    """Each forecast drawn at the time it was made for (`target_ts`)."""
-    return ("SELECT target_ts AS t, value, model FROM forecasts "
-            f"WHERE target = 'kv_cache_usage' AND {_since(minutes, 'target_ts')} ORDER BY t")
+    """Forecasts drawn at the time they were made for (`target_ts`), per model, in the
+    same bins as `kv_actual`."""
+    return (f"SELECT time_bucket(INTERVAL {fine_bin_seconds(minutes)} SECOND, target_ts) "
+            "AS t, avg(value) AS value, model FROM forecasts "
+            f"WHERE target = 'kv_cache_usage' AND {_since(minutes, 'target_ts')} "
+            "GROUP BY ALL ORDER BY t, model")
 
 
 def predicted_vs_actual(minutes: int, limit: int = 2000) -> str:
