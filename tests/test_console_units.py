@@ -199,10 +199,25 @@ def test_context_distribution(trace_db):
 def test_throughput_over_time(trace_db):
     rows = rows_as_dicts(trace_db, Q.throughput_over_time(15))
     assert list(rows[0]) == ["t", "requests_per_s", "goodput_per_s", "failed_per_s"]
-    bin_s = Q.bin_seconds(15)
-    assert sum(r["requests_per_s"] for r in rows) * bin_s == pytest.approx(4)
-    assert sum(r["goodput_per_s"] for r in rows) * bin_s == pytest.approx(3)
-    assert sum(r["failed_per_s"] for r in rows) * bin_s == pytest.approx(1)
+    bin_s, now = Q.bin_seconds(15), datetime.now(UTC)
+    start = now - timedelta(minutes=15)
+
+    def covered(t) -> float:  # the part of a bin inside the window, as the query has it
+        return max(1.0, (min(t + timedelta(seconds=bin_s), now) - max(t, start))
+                   .total_seconds())
+
+    # every bin of the window is there, idle ones at zero (no ramp drawn across them)
+    assert len(rows) in (15 * 60 // bin_s, 15 * 60 // bin_s + 1)
+    assert sum(r["requests_per_s"] == 0 for r in rows) >= len(rows) - 4
+    for column, count in (("requests_per_s", 4), ("goodput_per_s", 3), ("failed_per_s", 1)):
+        assert sum(r[column] * covered(r["t"]) for r in rows) == pytest.approx(count, rel=0.05)
+
+
+def test_throughput_of_an_empty_window_has_no_rows(tmp_path):
+    path = str(tmp_path / "empty.duckdb")
+    with duckdb.connect(path) as conn:
+        create_schema(conn)
+    assert run(path, Q.throughput_over_time(15))[1] == []
 
 
 def test_bin_seconds():

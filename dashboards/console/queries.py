@@ -68,12 +68,25 @@ def context_distribution() -> str:
 
 
 def throughput_over_time(minutes: int) -> str:
-    """Requests/s by outcome and goodput (ok and within every SLO) per time bin."""
-    bin_s = bin_seconds(minutes)
-    return (f"SELECT {_bin(minutes)} AS t, count(*) / {bin_s} AS requests_per_s, "
-            f"count(*) FILTER (status = 'ok' AND slo_ok) / {bin_s} AS goodput_per_s, "
-            f"count(*) FILTER (status <> 'ok') / {bin_s} AS failed_per_s "
-            f"FROM requests WHERE {_since(minutes)} GROUP BY ALL ORDER BY t")
+    """Requests/s by outcome and goodput (ok and within every SLO) per time bin, every
+    bin of the window present (an idle bin is 0, not a line drawn across it), each
+    rate over the part of its bin inside the window (the first and last are partial).
+    No rows when the window holds no request."""
+    b, since = bin_seconds(minutes), f"now() - INTERVAL {int(minutes)} MINUTE"
+    bucket = f"time_bucket(INTERVAL {b} SECOND, "
+    covered = (f"greatest(1, epoch(least(t + INTERVAL {b} SECOND, now())) "
+               f"- epoch(greatest(t, {since})))")
+    return (f"WITH counts AS (SELECT {bucket}arrival_ts) AS t, count(*) AS n, "
+            "count(*) FILTER (status = 'ok' AND slo_ok) AS good, "
+            "count(*) FILTER (status <> 'ok') AS failed "
+            f"FROM requests WHERE {_since(minutes)} GROUP BY ALL), "
+            f"bins AS (SELECT unnest(generate_series({bucket}{since}), {bucket}now()), "
+            f"INTERVAL {b} SECOND)) AS t) "
+            f"SELECT t, coalesce(n, 0) / {covered} AS requests_per_s, "
+            f"coalesce(good, 0) / {covered} AS goodput_per_s, "
+            f"coalesce(failed, 0) / {covered} AS failed_per_s "
+            "FROM bins LEFT JOIN counts USING (t) "
+            "WHERE EXISTS (SELECT 1 FROM counts) ORDER BY t")
 
 
 def outcomes(minutes: int) -> str:
