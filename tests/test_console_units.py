@@ -454,3 +454,27 @@ def test_a_day_of_kv_samples_reaches_the_chart_up_to_now(tmp_path):
         assert not result.truncated and len(result.rows) <= 1_300
         newest = max(row[0] for row in result.rows)
         assert datetime.now(UTC) - newest < timedelta(minutes=5), newest
+
+
+def test_every_time_axis_is_utc_on_a_24_hour_clock():
+    """Charts keep the tables' convention: Vega-Lite draws a time axis in the browser's
+    zone unless told (a chart said 06:28 where the table said 18:28)."""
+    import pandas as pd
+
+    from dashboards.console import charts
+
+    t = pd.to_datetime(["2026-12-04T18:28:00Z"])
+    drawn = [
+        charts.percentiles(pd.DataFrame({"t": t, "seconds": [0.1], "context_bucket": ["0-1k"],
+                                         "percentile": ["p99"]}), "TTFT"),
+        charts.throughput(pd.DataFrame({"t": t, "requests_per_s": [1.0],
+                                        "goodput_per_s": [1.0], "failed_per_s": [0.0]})),
+        charts.forecast(pd.DataFrame({"t": t, "value": [0.5]}),
+                        pd.DataFrame({"t": t, "value": [0.6], "model": ["lstm"]}), 0.9),
+    ]
+    for chart in drawn:
+        spec = chart.to_dict()
+        encoding = (spec.get("layer") or [spec])[0]["encoding"]
+        assert encoding["x"]["scale"] == {"type": "utc"}
+        assert encoding["x"]["axis"]["format"] == "%H:%M"
+        assert encoding["tooltip"][0]["formatType"] == "utc"

@@ -7,6 +7,11 @@ import altair as alt
 from observe.registry import SPAN_DECODE, SPAN_PREFILL, SPAN_QUEUE, SPAN_REQUEST, SPAN_SAMPLING
 
 HEIGHT = 280
+# One time convention, the tables': UTC on a 24-hour clock (Vega-Lite otherwise draws a
+# time axis in the browser's local zone).
+TIME_X = alt.X("t:T", title="time (UTC)", scale=alt.Scale(type="utc"),
+               axis=alt.Axis(format="%H:%M"))
+TIME_TIP = alt.Tooltip("t:T", title="time (UTC)", formatType="utc", format="%Y-%m-%d %H:%M:%S")
 FLOW_COLORS = {"requests_per_s": "#7f7f7f", "goodput_per_s": "#2ca02c",
                "failed_per_s": "#d62728"}
 PHASE_COLORS = {SPAN_REQUEST: "#9e9e9e", SPAN_QUEUE: "#f2a93b", SPAN_PREFILL: "#4c78a8",
@@ -15,11 +20,11 @@ PHASE_COLORS = {SPAN_REQUEST: "#9e9e9e", SPAN_QUEUE: "#f2a93b", SPAN_PREFILL: "#
 
 def percentiles(frame, title: str) -> alt.Chart:
     return (alt.Chart(frame).mark_line(point=True)
-            .encode(x=alt.X("t:T", title="time"),
+            .encode(x=TIME_X,
                     y=alt.Y("seconds:Q", title=f"{title} (s)"),
                     color=alt.Color("context_bucket:N", title="context"),
                     strokeDash=alt.StrokeDash("percentile:N", title="percentile"),
-                    tooltip=["t:T", "context_bucket:N", "percentile:N",
+                    tooltip=[TIME_TIP, "context_bucket:N", "percentile:N",
                              alt.Tooltip("seconds:Q", format=".4f")])
             .properties(height=HEIGHT))
 
@@ -38,10 +43,10 @@ def context_shares(frame) -> alt.Chart:
 def throughput(frame) -> alt.Chart:
     long = frame.melt(id_vars=["t"], var_name="series", value_name="per_s")
     return (alt.Chart(long).mark_line(point=True)
-            .encode(x=alt.X("t:T", title="time"), y=alt.Y("per_s:Q", title="requests/s"),
+            .encode(x=TIME_X, y=alt.Y("per_s:Q", title="requests/s"),
                     color=alt.Color("series:N", title="", scale=alt.Scale(
                         domain=list(FLOW_COLORS), range=list(FLOW_COLORS.values()))),
-                    tooltip=["t:T", "series:N", alt.Tooltip("per_s:Q", format=".3f")])
+                    tooltip=[TIME_TIP, "series:N", alt.Tooltip("per_s:Q", format=".3f")])
             .properties(height=220))
 
 
@@ -77,12 +82,12 @@ def forecast(actual, predicted, threshold: float) -> alt.Chart:
     both = pd.concat([actual.assign(series="actual"),
                       predicted[["t", "value"]].assign(series="forecast")])
     lines = (alt.Chart(both).mark_line()
-             .encode(x=alt.X("t:T", title="time"),
+             .encode(x=TIME_X,
                      y=alt.Y("value:Q", title="KV-cache usage", axis=alt.Axis(format="%"),
                              scale=alt.Scale(domain=[0, 1])),
                      color=alt.Color("series:N", title=""),
                      strokeDash=alt.StrokeDash("series:N", legend=None),
-                     tooltip=["t:T", "series:N", alt.Tooltip("value:Q", format=".1%")]))
+                     tooltip=[TIME_TIP, "series:N", alt.Tooltip("value:Q", format=".1%")]))
     rule = alt.Chart(pd.DataFrame({"y": [threshold]})).mark_rule(color="red").encode(y="y:Q")
     label = (alt.Chart(pd.DataFrame({"y": [threshold], "text": [f"{threshold:.0%} line"]}))
              .mark_text(align="left", dy=-6, color="red").encode(y="y:Q", text="text:N"))
