@@ -36,7 +36,8 @@ class QueryResult:
     rows: list[tuple]
     truncated: bool = False  # more rows existed than max_rows
     types: list[str] | None = None  # DuckDB type names, e.g. "JSON", "TIMESTAMP WITH TIME ZONE"
-    truncated_by: str | None = None  # "max_rows", or "max_bytes" (a server's answer limit)
+    truncated_by: str | None = None  # "max_rows" (set with truncated), or "max_bytes" (a
+    # server's answer limit)
 
 
 def run_read_only(conn: duckdb.DuckDBPyConnection, sql: str, params: Any, timeout_s: float,
@@ -73,8 +74,10 @@ def fetch_rows(conn: duckdb.DuckDBPyConnection, max_rows: int) -> QueryResult:
     """Up to `max_rows` rows of the query pending on `conn`, and whether more existed."""
     description = conn.description or []
     rows = conn.fetchmany(max_rows + 1)
+    cut = len(rows) > max_rows
     return QueryResult(columns=[d[0] for d in description], rows=rows[:max_rows],
-                       truncated=len(rows) > max_rows, types=[str(d[1]) for d in description])
+                       truncated=cut, types=[str(d[1]) for d in description],
+                       truncated_by="max_rows" if cut else None)
 
 
 def _roll_back(conn: duckdb.DuckDBPyConnection) -> None:

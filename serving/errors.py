@@ -55,6 +55,16 @@ class ApiError(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+def engine_not_ready() -> ApiError:
+    """No engine to serve with (starting, or restarting under breaker L2)."""
+    return ApiError(503, "engine_not_ready", "the engine is not ready",
+                    headers={"Retry-After": "5"})
+
+
+def key_required() -> ApiError:
+    return ApiError(401, "invalid_api_key", "a valid API key is required")
+
+
 def from_refusal(refusal: Refusal) -> ApiError:
     """Admission's refusal -> its status (503, or 429 from the deadline check) with
     Retry-After: a rejection (the server chose it)."""

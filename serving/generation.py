@@ -22,11 +22,13 @@ from observe import registry as R
 from serving.engine.observed import current_request
 from serving.errors import (
     ApiError,
+    engine_not_ready,
     from_exception,
     from_outcome,
     from_refusal,
     from_validation,
     from_vllm_response,
+    key_required,
 )
 from serving.http_limits import body_timed_out
 from serving.keys import PRIORITY_HEADER, Client
@@ -100,10 +102,9 @@ async def _generate(raw: Request, endpoint: Endpoint, deps: RequestDeps, rec, ha
     then vLLM's handler. Any stage may refuse (an `ApiError`)."""
     client = _identify(deps.keys, rec, raw)
     if handle is None:
-        raise ApiError(503, "engine_not_ready", "the engine is not ready",
-                       headers={"Retry-After": "5"})
+        raise engine_not_ready()
     if client is None:
-        raise ApiError(401, "invalid_api_key", "a valid API key is required")
+        raise key_required()
     request = parse_body(endpoint.request_cls.model_validate,
                          await read_json(raw, deps.config.max_body_bytes))
     rec.model, rec.stream = request.model or deps.config.model_name, bool(request.stream)

@@ -26,6 +26,7 @@ from observe.tracelog import TraceLog
 from observe.tracing import RequestSpans, create_tracer_provider
 from serving.admin.auth import resolve_admin_token
 from serving.admission import Admission
+from serving.compat.responses import ResponsesServing
 from serving.config import ServerConfig
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
@@ -37,7 +38,6 @@ from serving.engine.step_receiver import StepLedger
 from serving.engine.warmup import warm_up
 from serving.guard.live_forecast import ForecastService
 from serving.guard.live_predictor import PredictionService
-from serving.compat.responses import ResponsesServing
 from serving.guard.loop import Guard
 from serving.guard.loop_lag import LoopLagMonitor
 from serving.guard.periodic import Periodic

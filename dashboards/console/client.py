@@ -40,8 +40,7 @@ def _frame(data: dict):
     import pandas as pd
 
     frame = pd.DataFrame(data["rows"], columns=data["columns"])
-    frame.attrs["truncated_by"] = data.get("truncated_by") or (
-        "max_rows" if data.get("truncated") else None)
+    frame.attrs["truncated_by"] = data.get("truncated_by")
     return frame
 
 
@@ -132,7 +131,7 @@ class TraceFile:
         except QueryError as exc:
             raise ConsoleError(str(exc)) from None
         return _frame({"columns": result.columns, "rows": result.rows,
-                       "truncated": result.truncated, "truncated_by": result.truncated_by})
+                       "truncated_by": result.truncated_by})
 
     def slo(self) -> dict:
         from functools import partial

@@ -12,7 +12,13 @@ import functools
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from serving.errors import ApiError, from_exception, from_vllm_response
+from serving.errors import (
+    ApiError,
+    engine_not_ready,
+    from_exception,
+    from_vllm_response,
+    key_required,
+)
 from serving.generation import ClientGone, parse_body, read_json
 from serving.runtime import Runtime
 
@@ -67,11 +73,10 @@ def _tokenize_validator():
 async def _healthy(runtime: Runtime) -> bool:
     """The engine is up and answers vLLM's own health check: 503 while it starts, is
     restarted by breaker L2, or has died (as vLLM's 503 on `EngineDeadError`)."""
-    handle = runtime.handle
-    if handle is None or not runtime.ready:
+    if not runtime.ready:  # no engine yet, or one that errored
         return False
     try:
-        await handle.engine.check_health()
+        await runtime.handle.engine.check_health()
     except Exception:
         return False
     return True
@@ -82,14 +87,12 @@ async def _tokenization(runtime: Runtime, raw: Request, validate, handler: str):
     where the server asks for one, a ready engine, a bounded JSON body."""
     try:
         if runtime.deps.keys.resolve(raw.headers.get("authorization")) is None:
-            raise ApiError(401, "invalid_api_key", "a valid API key is required")
-        handle = runtime.handle if runtime.ready else None
-        if handle is None:
-            raise ApiError(503, "engine_not_ready", "the engine is not ready",
-                           headers={"Retry-After": "5"})
+            raise key_required()
+        if not runtime.ready:
+            raise engine_not_ready()
         request = parse_body(validate, await read_json(raw, runtime.config.max_body_bytes))
         try:
-            result = await getattr(handle.tokenization, handler)(request, raw)
+            result = await getattr(runtime.handle.tokenization, handler)(request, raw)
         except Exception as exc:
             raise from_exception(exc) from None
     except ApiError as exc:
