@@ -7,15 +7,17 @@ PYTEST_ARGS ?=
 
 .PHONY: up serve test install
 
-$(VENV)/.installed: pyproject.toml scripts/install.sh
+$(VENV)/.installed: pyproject.toml scripts/install.sh scripts/progress.sh
 	VENV=$(VENV) bash scripts/install.sh
 
 install: $(VENV)/.installed
 
 up: $(VENV)/.installed
+	bash scripts/system-deps.sh --serve
 	$(PY) -m tailguard up --port $(PORT) $(UP_ARGS)
 
 serve: $(VENV)/.installed
+	bash scripts/system-deps.sh --serve
 	$(PY) -m tailguard serve --port $(PORT)
 
 test: $(VENV)/.installed

