@@ -33,6 +33,19 @@ class Observer:
         self.clients = frozenset(clients)  # the `client` label's values (the keys file's)
         self.listeners: list = []  # called with each finished record (the policy engine)
         self._open: set[str] = set()  # request ids begun and not yet finished
+        self._count_verdicts_from_zero()
+
+    def _count_verdicts_from_zero(self) -> None:
+        """Every SLO x context bucket x result series exists at 0 from the first scrape
+        (Prometheus' instrumentation guide): a series born at its first bad event has no
+        earlier sample, so `rate()` would never see that increment, and after every
+        restart the first failure of each SLO and bucket would miss the burn rates."""
+        for slo in self.judge.spec.slos:
+            for bucket in R.CONTEXT_BUCKETS:
+                for result in R.RESULTS:
+                    self.metrics.slo_requests.add(0, {R.LABEL_SLO: slo.name,
+                                                      R.LABEL_CONTEXT_BUCKET: bucket,
+                                                      R.LABEL_RESULT: result})
 
     @property
     def in_flight(self) -> int:

@@ -5,6 +5,7 @@ must make its SLI 100% and its page alert fire. Loopback only, bounded in time."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -39,11 +40,18 @@ def breach_server(server):
 
 @pytest.fixture(scope="module")
 def prometheus(breach_server, tmp_path_factory):
+    with running_prometheus(breach_server, tmp_path_factory.mktemp("prometheus")) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def running_prometheus(server, tmp: Path):
+    """Debian's Prometheus scraping `server` every second with the breach spec's rules."""
     exe = shutil.which("prometheus")
     assert exe, "Debian's prometheus package is needed (scripts/system-deps.sh)"
-    tmp = tmp_path_factory.mktemp("prometheus")
+    tmp.mkdir(parents=True, exist_ok=True)
     rules, _ = write(load_spec(BREACH_SPEC), tmp / "rules", RuleConfig(job=JOB))
-    target = breach_server.url.removeprefix("http://")
+    target = server.url.removeprefix("http://")
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "rule_files": [str(rules)],
               "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": [target]}]}]}
@@ -125,3 +133,27 @@ def test_a_breached_slo_pages_through_a_real_prometheus(breach_server, prometheu
     assert (GOOD_SLO, "page") not in firing
     burn = _query(prometheus, f'slo:current_burn_rate:ratio{{sloth_slo="{BREACH_SLO}"}}')
     assert burn[BREACH_SLO] == pytest.approx(100.0)  # 100% bad / 1% budget
+
+
+def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path):
+    """A server just started: its `bad` series must already be scraped at 0, or the
+    first miss (0 -> 1) would be a series born at 1, which `rate()` cannot see."""
+    fresh = conftest.start_server(tmp_path, "--slo", str(BREACH_SPEC))
+    try:
+        with running_prometheus(fresh, tmp_path / "prometheus") as prom:
+            bad = (f'tailguard_slo_requests_total{{slo="{BREACH_SLO}",result="bad",'
+                   'context_bucket="0-1k"}')
+            _until(lambda: _query(prom, f"count_over_time({bad}[1m])").get("", 0) >= 2,
+                   "two scrapes of the zero series", 30)
+            model = _get(fresh.url + "/v1/models")["data"][0]["id"]
+            body = json.dumps({"model": model, "prompt": "once", "max_tokens": 2}).encode()
+            request = urllib.request.Request(fresh.url + "/v1/completions", data=body,
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=60) as resp:
+                assert resp.status == 200
+            ratio = "slo:sli_error:ratio_rate5m"
+            sli = _until(lambda: (s := _query(prom, ratio)).get(BREACH_SLO) and s,
+                         f"{ratio} for {BREACH_SLO} after one request", 30)
+            assert sli[BREACH_SLO] == 1.0
+    finally:
+        conftest.stop_server(fresh)

@@ -222,3 +222,31 @@ def test_slo_status_prints_the_tenant_table_after_its_own_lines_only_when_asked(
                                 table[2].split()[-1]]
     (alice,) = json.loads(run("--tenants", "--format", "json"))["tenants"]
     assert (alice["client"], alice["good"], alice["late"], alice["shed"]) == ("alice", 2, 1, 1)
+
+
+def _verdicts(registry) -> dict[tuple[str, str, str], float]:
+    return {(s.labels["slo"], s.labels["context_bucket"], s.labels["result"]): s.value
+            for family in registry.collect() for s in family.samples
+            if s.name == R.SLO_REQUESTS.prom_name}
+
+
+def test_every_slo_verdict_series_exists_at_zero_before_the_first_request(observed):
+    # A `bad` series born at its first bad event has no earlier sample for rate() to
+    # compare with: after a restart the first miss of each SLO would never burn budget.
+    _, registry = observed
+    names = [slo.name for slo in load_spec().slos]
+    expected = {(name, bucket, result): 0.0 for name in names
+                for bucket in R.CONTEXT_BUCKETS for result in R.RESULTS}
+    assert _verdicts(registry) == expected
+
+
+def test_a_late_request_moves_its_bad_series_from_zero_to_one(observed):
+    observer, registry = observed
+    late = _request("alice", ttft=0.5)
+    verdicts = len(Judge(load_spec()).judge(_request("alice", ttft=0.5)))
+    observer.finish(late, None)
+    after = _verdicts(registry)
+    assert after[("ttft", "0-1k", "bad")] == 1.0
+    assert after[("ttft", "0-1k", "good")] == 0.0
+    assert after[("ttft", "1k-4k", "bad")] == 0.0
+    assert sum(after.values()) == verdicts  # one count per verdict, the rest still 0
