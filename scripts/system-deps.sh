@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
-# Debian packages the tests use: Prometheus + promtool (rules, end-to-end scrape);
-# Chromium (+ a colour emoji font for its screenshots) for the console's browser test.
-# libtcmalloc-minimal4: the allocator `serve` preloads for the engine (serving/engine/allocator.py).
-# Idempotent: installs only what is missing. Needs root (as on CI and dev machines).
+# Debian packages, installed only when missing (needs root, as on CI and dev machines).
+#   system-deps.sh          what the tests use: Prometheus + promtool (rules, end-to-end
+#                           scrape), Alertmanager (alerts routed to a webhook), Chromium
+#                           (+ a colour emoji font for its screenshots) for the console's
+#                           browser test, and tcmalloc;
+#   system-deps.sh --serve  what `serve` benefits from: libtcmalloc-minimal4, the
+#                           allocator it preloads for the engine (serving/engine/allocator.py).
+#                           Optional: without root it says in one line what is missing.
 set -euo pipefail
-PACKAGES=(prometheus chromium fonts-noto-color-emoji libtcmalloc-minimal4)
+cd "$(dirname "$0")/.."
+source scripts/progress.sh
+SERVE_PACKAGES=(libtcmalloc-minimal4)
+TEST_PACKAGES=(prometheus prometheus-alertmanager chromium fonts-noto-color-emoji "${SERVE_PACKAGES[@]}")
+mode=${1:-test}
+[ "$mode" = --serve ] && wanted=("${SERVE_PACKAGES[@]}") || wanted=("${TEST_PACKAGES[@]}")
+
 missing=()
-for p in "${PACKAGES[@]}"; do
+for p in "${wanted[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$mode" = --serve ] && { [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; }; then
+  echo "  tcmalloc missing (apt-get install libtcmalloc-minimal4, as root): serve runs on" \
+       "glibc malloc, the engine's memory grows 2-6x more per new batch shape" \
+       "(docs/benchmarks.md, engine allocator)" >&2
+  exit 0
+fi
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+step "apt package lists" apt-get update -qq
+step "Debian: ${missing[*]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
