@@ -23,6 +23,7 @@ from serving.keys import KeyRing, load_keys
 from serving.profiling import ProfilingConfig, profiling_config_from
 from slo import model_files
 from slo.durations import parse_duration
+from slo.histogram_bounds import latency_buckets
 from slo.loading import load_spec
 from slo.policy.conditions import PolicyConfig
 from slo.spec import SLOSpec
@@ -46,6 +47,7 @@ class ServerConfig:
     db: str | None = None
     admin_token_file: str | None = None
     flush_interval_s: float | None = None
+    histogram_buckets: str | None = None  # latency histogram bounds: fine or slo
     max_body_bytes: int | None = None
     max_n: int | None = None
     max_sequences: int | None = None
@@ -74,6 +76,7 @@ class ServerConfig:
     keys: KeyRing = field(init=False)
     vllm_args: list[str] = field(default_factory=list)
     spec: SLOSpec = field(init=False)
+    latency_buckets: dict = field(init=False)  # histogram -> bounds (slo.histogram_bounds)
 
     def __post_init__(self) -> None:
         self.spec = load_spec(self.slo_file)  # SpecError (a ValueError) names field + line
@@ -90,6 +93,9 @@ class ServerConfig:
         self.http_limits = self.http_limits or http_limits_from_env()
         self.db = self.db or S.text(S.TAILGUARD_DB, DEFAULT_DB)
         self.flush_interval_s = self.flush_interval_s or S.number(S.TAILGUARD_TRACE_FLUSH_S, 1.0)
+        self.histogram_buckets = self.histogram_buckets or S.text(
+            S.TAILGUARD_HISTOGRAM_BUCKETS, "fine")
+        self.latency_buckets = latency_buckets(self.spec, self.histogram_buckets)
         self.max_body_bytes = self.max_body_bytes or S.number(S.TAILGUARD_MAX_BODY_BYTES,
                                                               DEFAULT_MAX_BODY, int)
         self.max_n = self.max_n or S.number(S.TAILGUARD_MAX_N, DEFAULT_MAX_N, int)

@@ -42,6 +42,10 @@ def model_init(directory):
 @click.option("--admin-token-file", type=click.Path(dir_okay=False),
               help="Admin token file (default: $TAILGUARD_ADMIN_TOKEN, else generated).")
 @click.option("--flush-interval", "flush_interval_s", type=click.FloatRange(0.01, 60), help="Trace flush period, s.")
+@click.option("--histogram-buckets", type=click.Choice(["fine", "slo"]),
+              help="Latency histogram bounds: fine (213, a 10 ms-resolution P99) or slo "
+                   "(<= 40: one at every SLO target, log-spaced elsewhere; about a "
+                   "quarter of the series). Default: $TAILGUARD_HISTOGRAM_BUCKETS or fine.")
 @click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
               help="SLO spec YAML (default: the one shipped with tailguard).")
 @click.option("--model-dir", type=click.Path(file_okay=False),

@@ -20,6 +20,8 @@ import yaml
 from alerts.config import RuleConfig
 from alerts.rules import write
 from alerts.slo_rules import BURN_ALERT
+from observe import registry as R
+from slo.histogram_bounds import latency_buckets
 from slo.loading import load_spec
 from tests import conftest
 
@@ -138,7 +140,8 @@ def test_a_breached_slo_pages_through_a_real_prometheus(breach_server, prometheu
 def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path):
     """A server just started: its `bad` series must already be scraped at 0, or the
     first miss (0 -> 1) would be a series born at 1, which `rate()` cannot see."""
-    fresh = conftest.start_server(tmp_path, "--slo", str(BREACH_SPEC))
+    fresh = conftest.start_server(tmp_path, "--slo", str(BREACH_SPEC),
+                                  "--histogram-buckets", "slo")
     try:
         with running_prometheus(fresh, tmp_path / "prometheus") as prom:
             bad = (f'tailguard_slo_requests_total{{slo="{BREACH_SLO}",result="bad",'
@@ -155,5 +158,17 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
             sli = _until(lambda: (s := _query(prom, ratio)).get(BREACH_SLO) and s,
                          f"{ratio} for {BREACH_SLO} after one request", 30)
             assert sli[BREACH_SLO] == 1.0
+            # the slo bounds (--histogram-buckets slo): exactly those, and the P99 the
+            # operational alert computes from them
+            ttft = 'gen_ai_server_time_to_first_token_seconds_bucket{context_bucket="0-1k"}'
+            bounds = latency_buckets(load_spec(BREACH_SPEC), "slo")[R.TTFT.prom_name]
+            assert _query(prom, f"count({ttft})")[""] == len(bounds) + 1
+            with urllib.request.urlopen(request, timeout=60) as resp:  # a rise to rate
+                assert resp.status == 200
+            e2e = "histogram_quantile(0.99, sum by (le) (rate(" \
+                  f'gen_ai_server_request_duration_seconds_bucket{{job="{JOB}"}}[2m])))'
+            p99 = _until(lambda: (q := _query(prom, e2e).get("")) and q == q and q,  # not NaN
+                         "a P99 from the slo bounds", 30)
+            assert 0 < p99 < 60
     finally:
         conftest.stop_server(fresh)

@@ -9,7 +9,8 @@ turns a finished `RequestRecord` or an `EngineSnapshot` into bare `.record()`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from observe import registry as R
 from observe.metrics.native import NativeCollector, NativeMeter
@@ -17,7 +18,10 @@ from observe.record import RequestRecord
 from observe.stats import EngineSnapshot
 
 
-def create_instrument(meter, metric: R.MetricDef):
+def create_instrument(meter, metric: R.MetricDef, buckets: tuple[float, ...] | None = None):
+    """`buckets`: a histogram's bounds in place of the registry's (`--histogram-buckets`)."""
+    if buckets is not None:
+        metric = replace(metric, buckets=tuple(buckets))
     if isinstance(meter, NativeMeter):
         return meter.instrument(metric)
     kwargs = {"unit": metric.unit, "description": metric.description}
@@ -29,9 +33,13 @@ def create_instrument(meter, metric: R.MetricDef):
     return meter.create_gauge(metric.otel_name, **kwargs)
 
 
-def create_instruments(meter) -> dict[str, object]:
-    """All registry instruments, keyed by Prometheus name."""
-    return {m.prom_name: create_instrument(meter, m) for m in R.ALL_METRICS}
+def create_instruments(meter, buckets: Mapping[str, tuple[float, ...]] | None = None
+                       ) -> dict[str, object]:
+    """All registry instruments, keyed by Prometheus name; `buckets` replaces the bounds
+    of the histograms it names."""
+    buckets = buckets or {}
+    return {m.prom_name: create_instrument(meter, m, buckets.get(m.prom_name))
+            for m in R.ALL_METRICS}
 
 
 @dataclass(slots=True)
@@ -89,8 +97,8 @@ def create_prometheus_export(registry=None, extra_readers=(), resource=None,
 class RequestMetrics:
     """Records requests and engine seconds into the registry's instruments."""
 
-    def __init__(self, meter):
-        self.instruments = create_instruments(meter)
+    def __init__(self, meter, buckets: Mapping[str, tuple[float, ...]] | None = None):
+        self.instruments = create_instruments(meter, buckets)
         i = self.instruments
         self._latency = [(i[m.prom_name], m) for m in R.LATENCY_METRICS]
         self._context = i[R.CONTEXT_TOKENS.prom_name]

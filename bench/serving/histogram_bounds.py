@@ -1,0 +1,100 @@
+"""Benchmark: what each latency-histogram choice costs in series per replica, and how
+far Prometheus' P99 from it lands from the exact P99 of the same requests.
+
+For every served request in the given trace logs, each latency the server records
+into a histogram (`ttft_s`, `tpot_s`, `e2e_s`, `queue_s`, `prefill_s`, `decode_s`,
+`sampling_s`) is binned into each choice's bounds, per context bucket, exactly as the
+server's histograms count them; the P99 is then computed as Prometheus'
+`histogram_quantile` does (linear inside the bucket the rank falls in, the highest
+finite bound when it falls in +Inf) and compared with the exact P99
+(`quantile_cont(x, 0.99)` in DuckDB). Cells with fewer than `--min-samples` requests
+are left out.
+
+    python -m bench.serving.histogram_bounds --db report.duckdb [--db more.duckdb]
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import statistics
+
+import duckdb
+
+from observe import registry as R
+from slo.histogram_bounds import CHOICES, latency_buckets, series_per_replica
+from slo.loading import load_spec
+
+COLUMNS = {R.TTFT.prom_name: "ttft_s", R.TPOT.prom_name: "tpot_s", R.E2E.prom_name: "e2e_s",
+           R.QUEUE.prom_name: "queue_s", R.PREFILL.prom_name: "prefill_s",
+           R.DECODE.prom_name: "decode_s", R.SAMPLING.prom_name: "sampling_s"}
+
+
+def histogram_quantile(q: float, bounds: tuple[float, ...], values: list[float]) -> float:
+    """Prometheus' histogram_quantile over `values` counted into `bounds` (+Inf last)."""
+    counts = [0] * (len(bounds) + 1)
+    for v in values:
+        counts[bisect.bisect_left(bounds, v)] += 1  # le: a value equal to a bound is in it
+    rank, seen = q * len(values), 0
+    for i, count in enumerate(counts):
+        if seen + count >= rank and count:
+            if i == len(bounds):
+                return bounds[-1]
+            lower = bounds[i - 1] if i > 0 else 0.0
+            return lower + (bounds[i] - lower) * (rank - seen) / count
+        seen += count
+    return bounds[-1]
+
+
+def samples(dbs: list[str]) -> dict[tuple[str, str], list[float]]:
+    """(histogram, context bucket) -> every served request's value, over all files."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for db in dbs:
+        conn = duckdb.connect(db, read_only=True)
+        for name, column in COLUMNS.items():
+            rows = conn.execute(f"SELECT context_bucket, {column} FROM requests "
+                                f"WHERE status = 'ok' AND {column} IS NOT NULL").fetchall()
+            for bucket, value in rows:
+                out.setdefault((name, bucket), []).append(float(value))
+        conn.close()
+    return out
+
+
+def exact_p99(values: list[float]) -> float:
+    return duckdb.execute("SELECT quantile_cont(x, 0.99) FROM (SELECT unnest($v) AS x)",
+                          {"v": values}).fetchone()[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", action="append", required=True, help="a trace log (repeatable)")
+    ap.add_argument("--slo", help="SLO spec (default: the shipped one)")
+    ap.add_argument("--min-samples", type=int, default=200)
+    args = ap.parse_args()
+    spec = load_spec(args.slo)
+    data = {key: v for key, v in samples(args.db).items() if len(v) >= args.min_samples}
+    choices = {choice: latency_buckets(spec, choice) for choice in CHOICES}
+    print("| histogram | context bucket | requests | exact P99 (s) | "
+          + " | ".join(f"{c}: P99 (error)" for c in CHOICES) + " |")
+    print("|---|---|---:|---:|" + "---:|" * len(CHOICES))
+    errors: dict[str, list[float]] = {c: [] for c in CHOICES}
+    for (name, bucket), values in sorted(data.items()):
+        exact = exact_p99(values)
+        cells = []
+        for choice, buckets in choices.items():
+            estimate = histogram_quantile(0.99, buckets[name], values)
+            error = (estimate - exact) / exact if exact else 0.0
+            errors[choice].append(abs(error))
+            cells.append(f"{estimate:.4g} ({error:+.1%})")
+        print(f"| {name} | {bucket} | {len(values)} | {exact:.4g} | " + " | ".join(cells) + " |")
+    print()
+    for choice, buckets in choices.items():
+        errs = errors[choice]
+        print(f"{choice}: {max(len(b) for b in buckets.values())} bounds at most, "
+              f"{series_per_replica(buckets)} latency-histogram series per replica; "
+              f"|P99 error| median {statistics.median(errs):.2%}, max {max(errs):.2%} "
+              f"over {len(errs)} cells")
+
+
+if __name__ == "__main__":
+    main()
