@@ -23,8 +23,8 @@ done
 
 if [ "$mode" = --serve ] && { [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; }; then
   echo "  tcmalloc missing (apt-get install libtcmalloc-minimal4, as root): serve runs on" \
-       "glibc malloc, the engine's memory grows 2-6x more per new batch shape" \
-       "(docs/benchmarks.md, engine allocator)" >&2
+       "glibc malloc: the engine grows ~1.7x more per new batch shape and keeps growing on" \
+       "shapes it has seen (docs/benchmarks.md, engine allocator)" >&2
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
