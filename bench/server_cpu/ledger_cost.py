@@ -37,7 +37,7 @@ STEPS, RATE, BATCH = 1200, 60.0, 16
 SENDER = """
 import json, socket, sys, time
 sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-ids = [f"req-{i}-abcdefgh" for i in range({batch})]
+ids = ["req-%d-abcdefgh" % i for i in range({batch})]
 for index in range({steps}):
     step = [index + 1, time.monotonic(), 0.01, 0.001, {batch}, ids, [], [], 5000]
     sock.sendto(json.dumps(step).encode(), sys.argv[1])
