@@ -1,7 +1,6 @@
-"""Every metric, label, span, attribute, bucket and recording-rule name tailguard uses,
-and the thresholds its alerts and dashboards share, defined once (`tests/test_registry.py`):
-each instrument's OTel name + unit is chosen so opentelemetry-exporter-prometheus renders
-exactly the CONTRACT.md name (`_seconds` for "s", `_total` for counters)."""
+"""Every metric, label, span, attribute, bucket and recording-rule name tailguard uses, and
+the thresholds its alerts and dashboards share, defined once (`tests/test_registry.py`): each
+OTel name + unit renders the CONTRACT.md name exactly (`_seconds` for s, `_total` counters)."""
 
 from __future__ import annotations
 
@@ -281,6 +280,7 @@ ATTR_STEP_TOKENS: Final = "tailguard.step.scheduled_tokens"
 ATTR_STEP_PAIRS: Final = "tailguard.step.attention_pairs"
 ATTR_STEP_FORWARD_S: Final = "tailguard.step.forward_s"
 ATTR_STEP_SAMPLING_S: Final = "tailguard.step.sampling_s"
+ATTR_STEP_WARMUP: Final = "tailguard.step.warmup"  # true on the engine warm-up's steps
 ATTR_SAMPLING_STEPS: Final = "tailguard.sampling.steps"
 
 

@@ -101,8 +101,9 @@ class RowSpans:
         self._row(span.trace_id, span.span_id, span.parent_span_id, rec.request_id,
                   R.SPAN_REQUEST, span.start_ns, epoch_ns(rec.end), attributes)
 
-    def step(self, step: StepRecord) -> None:
-        """One `llm.step` row (a trace of its own), linked to its batch's requests."""
+    def step(self, step: StepRecord, warmup: bool = False) -> None:
+        """One `llm.step` row (a trace of its own), linked to its batch's requests;
+        `warmup`: a step of the engine's warm-up, marked as such."""
         epoch_ns = self._clock.epoch_ns
         attributes = {R.ATTR_STEP_INDEX: step.index, R.ATTR_STEP_BATCH: len(step.request_ids),
                       R.ATTR_STEP_TOKENS: step.scheduled_tokens,
@@ -114,6 +115,8 @@ class RowSpans:
                  if (span_id := known.get(rid)) is not None]
         if links:
             attributes["links"] = links
+        if warmup:
+            attributes[R.ATTR_STEP_WARMUP] = True
         self._row(format(_new_id(128), "032x"), _new_id(64), None, None, R.SPAN_STEP,
                   epoch_ns(step.start), epoch_ns(step.start + step.duration_s), attributes)
 

@@ -116,8 +116,9 @@ class RequestSpans:
             span.set_status(Status(StatusCode.ERROR, rec.error_message or rec.error_type))
         span.end(end_time=self._clock.epoch_ns(rec.end))
 
-    def step(self, step: StepRecord) -> None:
-        """One `llm.step` span, linked to the request spans of its batch."""
+    def step(self, step: StepRecord, warmup: bool = False) -> None:
+        """One `llm.step` span, linked to the request spans of its batch (`warmup`: a
+        step of the engine's warm-up, marked as such)."""
         links = [Link(ctx) for rid in step.request_ids
                  if (ctx := self._contexts.get(rid)) is not None]
         span = self._tracer.start_span(
@@ -126,7 +127,8 @@ class RequestSpans:
                         R.ATTR_STEP_TOKENS: step.scheduled_tokens,
                         R.ATTR_STEP_PAIRS: step.attention_pairs,
                         R.ATTR_STEP_FORWARD_S: step.forward_s,
-                        R.ATTR_STEP_SAMPLING_S: step.sampling_s})
+                        R.ATTR_STEP_SAMPLING_S: step.sampling_s,
+                        **({R.ATTR_STEP_WARMUP: True} if warmup else {})})
         span.end(end_time=self._clock.epoch_ns(step.start + step.duration_s))
 
 

@@ -35,7 +35,7 @@ from serving.engine.observed import ObservedEngine
 from serving.engine.setup import start_engine, vllm_namespace
 from serving.engine.stats import EngineSecond, stat_logger_factory
 from serving.engine.step_receiver import StepLedger
-from serving.engine.warmup import warm_up
+from serving.engine.warmup import WarmupGate, warm_up
 from serving.guard.live_forecast import ForecastService
 from serving.guard.live_predictor import PredictionService
 from serving.guard.loop import Guard
@@ -129,8 +129,12 @@ class Runtime:
         self.forecast = ForecastService(self.tracelog, config.forecaster_path,
                                         self.metrics.record_forecast,
                                         reselect_s=config.reselect_interval_s)
-        self.ledger = StepLedger([self.spans.step, self.second.on_step, self._on_step,
-                                  self.load.on_step, self.engine_model.on_step])
+        self.warmup_gate = WarmupGate(on_live=self.second.take)  # warm-up: not live load
+        live, batch = self.warmup_gate.live_only, self.metrics.record_step
+        self.ledger = StepLedger([self.warmup_gate.marking(self.spans.step),
+                                  live(self.second.on_step),
+                                  live(lambda step: batch(len(step.request_ids))),
+                                  live(self.load.on_step), self.engine_model.on_step])
         self.engine = EngineSlot()
         self.deps = RequestDeps(config, self.observer, config.keys, self.quota,
                                 self.admission, self.engine)
@@ -149,9 +153,6 @@ class Runtime:
         if config.otlp or config.profiling:
             return RequestSpans(self.tracer_provider, self.clock)
         return RowSpans(lambda row: self.tracelog.add("spans", row), self.clock)
-
-    def _on_step(self, step) -> None:
-        self.metrics.record_step(len(step.request_ids))
 
     @property
     def handle(self) -> EngineHandle | None:
@@ -219,8 +220,10 @@ class Runtime:
                                             (cache.num_gpu_blocks or 0) * cache.block_size)
         self.guard.limiter.prefill_chunk_cap = cap
         model_config = engine.model_config
+        self.warmup_gate.warming()
         calls = await warm_up(engine, model_config.max_model_len,
                               model_config.get_vocab_size(), measure=not restart)
+        self.warmup_gate.went_live()
         self.warmup = self.warmup if restart else calls
         warmed = time.monotonic()
         handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,

@@ -115,3 +115,14 @@ def test_exact_row_values():
     assert step["request_id"] is None and step["parent_span_id"] is None
     assert step["duration_s"] == pytest.approx(0.02, abs=1e-6)
     assert step["attributes"][R.ATTR_STEP_TOKENS] == 316
+
+
+def test_a_warm_up_step_is_marked_in_its_row_either_way():
+    for make in (direct, otel):
+        rows: list[dict] = []
+        spans = make(rows.append)
+        spans.step(StepRecord(1, 100.0, 0.05, 0.001, 2048, ("warmup-1",)), warmup=True)
+        spans.step(StepRecord(2, 101.0, 0.01, 0.001, 16, ("req-9",)))
+        warm, live = (json.loads(json.dumps(r["attributes"])) for r in rows)
+        assert warm[R.ATTR_STEP_WARMUP] is True
+        assert R.ATTR_STEP_WARMUP not in live

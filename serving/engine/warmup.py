@@ -77,3 +77,41 @@ async def _timed(engine, tokens: list[int], params) -> float:
                                    f"warmup-{uuid.uuid4().hex[:8]}"):
         pass
     return time.monotonic() - start
+
+
+class WarmupGate:
+    """Keeps warm-up out of the live windows. Warm-up runs every prompt length back to
+    back, so the engine second that holds it reads as a 100%-busy engine (and its long
+    prompts as the step time to expect): policies would trip on it at start-up. Steps
+    that began before the engine went live (`went_live`) reach only the consumers that
+    want them (the engine model, calibrated by every step) and are marked in their
+    `llm.step` rows; a restart's warm-up is held back the same way."""
+
+    __slots__ = ("live_from", "_on_live")
+
+    def __init__(self, on_live=lambda: None) -> None:
+        self.live_from = float("inf")  # nothing is live before the first warm-up ends
+        self._on_live = on_live  # drops what the warm-up left in the live windows
+
+    def warming(self) -> None:
+        self.live_from = float("inf")
+
+    def went_live(self, now: float | None = None) -> None:
+        self.live_from = time.monotonic() if now is None else now
+        self._on_live()
+
+    def is_warmup(self, step) -> bool:
+        return step.start < self.live_from
+
+    def live_only(self, consumer):
+        """`consumer`, called only with steps that began after the engine went live."""
+        def live_step(step) -> None:
+            if step.start >= self.live_from:
+                consumer(step)
+        return live_step
+
+    def marking(self, span_step):
+        """`span_step(step, warmup=...)`, told whether the step was warm-up."""
+        def step_span(step) -> None:
+            span_step(step, warmup=step.start < self.live_from)
+        return step_span
