@@ -78,6 +78,16 @@ def _wait_ready(server: Server) -> None:
         raise RuntimeError(f"{exc}:\n{server.log.read_text()[-4000:]}") from None
 
 
+def stop_process(process: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def stop_server(server: Server) -> None:
     """SIGTERM (the server stops its engine), then make sure no engine process of
     this server outlives it, whatever state it was left in."""

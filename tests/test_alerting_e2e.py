@@ -28,7 +28,7 @@ from alerts.rules import write
 from alerts.slo_rules import BURN_ALERT
 from slo.loading import load_spec
 from tests import conftest
-from tests.test_prometheus_e2e import _get, _until
+from tests.test_prometheus_e2e import _get, _until, send_completions
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "tests" / "data" / "slo_alerting.yaml"
@@ -68,15 +68,6 @@ def _daemon(cmd: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=log.parent)
 
 
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def alertmanager_config(receiver: Receiver) -> dict:
     """The shipped example, its webhooks pointed here and its waits cut to a second."""
     config = yaml.safe_load(EXAMPLE.read_text())
@@ -102,7 +93,8 @@ def stack(tmp_path):
                           f"--storage.path={am_dir / 'data'}", "--cluster.listen-address=",
                           f"--web.listen-address={am_url.removeprefix('http://')}"],
                          am_dir / "alertmanager.log")]
-    rules, _ = write(load_spec(SPEC), prom_dir / "rules", RuleConfig(job=JOB, runbook_base=RUNBOOKS))
+    rules, _ = write(load_spec(SPEC), prom_dir / "rules",
+                     RuleConfig(job=JOB, runbook_base=RUNBOOKS))
     config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
               "rule_files": [str(rules)],
               "alerting": {"alertmanagers": [{"static_configs": [
@@ -121,20 +113,9 @@ def stack(tmp_path):
         yield server, prom_url, receiver
     finally:
         for process in processes:
-            _stop(process)
+            conftest.stop_process(process)
         receiver.server.shutdown()
         conftest.stop_server(server)
-
-
-def _complete(server, count: int) -> None:
-    model = _get(server.url + "/v1/models")["data"][0]["id"]
-    body = json.dumps({"model": model, "prompt": "page me", "max_tokens": 2}).encode()
-    for _ in range(count):
-        request = urllib.request.Request(server.url + "/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as resp:
-            assert resp.status == 200
-        time.sleep(0.05)
 
 
 def _fault(server, mode: str, delay_s: float = 0.0) -> None:
@@ -162,11 +143,11 @@ def test_a_burning_budget_pages_a_human_and_resolves_when_the_fault_clears(stack
     _until(lambda: _get(f"{prom}/api/v1/targets") and all(
         t["health"] == "up" for t in _get(f"{prom}/api/v1/targets")["data"]["activeTargets"]),
         "target up", 30)
-    _complete(server, 10)  # on time: the budget is intact
+    send_completions(server, 10, 0.05)  # on time: the budget is intact
     time.sleep(3)
     assert receiver.got == []
     _fault(server, "slow", 0.4)  # every first token 0.4 s late against 0.25 s
-    _complete(server, 12)
+    send_completions(server, 12, 0.05)
     page = _first(lambda: receiver.alerts("/pager", "firing"), "the page delivered")
     assert page["labels"]["alertname"] == BURN_ALERT
     assert {k: page["labels"][k] for k in ("severity", "sloth_slo", "sloth_service")} == {
@@ -174,7 +155,7 @@ def test_a_burning_budget_pages_a_human_and_resolves_when_the_fault_clears(stack
     assert page["annotations"]["runbook_url"] == f"{RUNBOOKS}#{BURN_ALERT.lower()}"
     assert receiver.alerts("/tickets", "firing") == []  # inhibited by the page
     _fault(server, "none")
-    _complete(server, 40)  # 12 bad of 62: under the page factors, over the ticket's
+    send_completions(server, 40, 0.05)  # 12 bad of 62: under the page factors, over a ticket's
     resolved = _first(lambda: receiver.alerts("/pager", "resolved"), "the page resolved")
     assert resolved["labels"]["severity"] == "page"
     ticket = _first(lambda: receiver.alerts("/tickets", "firing"), "the ticket delivered")

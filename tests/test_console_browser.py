@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tailguard.launcher import console_command
-from tests.conftest import ADMIN_TOKEN, free_port, start_server, stop_server
+from tests.conftest import ADMIN_TOKEN, free_port, start_server, stop_process, stop_server
 
 CHROMIUM = "/usr/bin/chromium"
 pytestmark = pytest.mark.skipif(
@@ -89,12 +89,7 @@ def _console_process(server_url: str, log: Path) -> tuple[subprocess.Popen, str]
 
 
 def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_process(process, timeout_s=15)
 
 
 @pytest.fixture(scope="module")

@@ -68,12 +68,7 @@ def running_prometheus(server, tmp: Path):
         _until(lambda: _get(url + "/-/ready", raw=True) == 200, "Prometheus ready", 30)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        conftest.stop_process(process)
         log.close()
 
 
@@ -110,21 +105,22 @@ def _firing(url: str) -> set[tuple[str, str]]:
             if a["labels"].get("alertname") == BURN_ALERT and a["state"] == "firing"}
 
 
-def _send_requests(server) -> None:
-    """Spread over a few scrapes, so that the counters rise between samples."""
+def send_completions(server, count: int = REQUESTS, pause_s: float = 0.25) -> None:
+    """`count` short completions, each answered 200, spread over a few scrapes (with the
+    default pause) so that the counters rise between samples."""
     model = _get(server.url + "/v1/models")["data"][0]["id"]
     body = json.dumps({"model": model, "prompt": "The quick brown fox", "max_tokens": 4}).encode()
-    for _ in range(REQUESTS):
+    for _ in range(count):
         req = urllib.request.Request(server.url + "/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as resp:
             assert resp.status == 200
-        time.sleep(0.25)
+        time.sleep(pause_s)
 
 
 def test_a_breached_slo_pages_through_a_real_prometheus(breach_server, prometheus):
     _until(lambda: _query(prometheus, f'up{{job="{JOB}"}}').get("") == 1, "target up", 20)
-    _send_requests(breach_server)
+    send_completions(breach_server)
     ratio = "slo:sli_error:ratio_rate5m"
     sli = _until(lambda: (s := _query(prometheus, ratio)).get(BREACH_SLO) and s,
                  f"{ratio} for {BREACH_SLO}", DEADLINE_S)
@@ -148,12 +144,7 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
                    'context_bucket="0-1k"}')
             _until(lambda: _query(prom, f"count_over_time({bad}[1m])").get("", 0) >= 2,
                    "two scrapes of the zero series", 30)
-            model = _get(fresh.url + "/v1/models")["data"][0]["id"]
-            body = json.dumps({"model": model, "prompt": "once", "max_tokens": 2}).encode()
-            request = urllib.request.Request(fresh.url + "/v1/completions", data=body,
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=60) as resp:
-                assert resp.status == 200
+            send_completions(fresh, 1, 0)
             ratio = "slo:sli_error:ratio_rate5m"
             sli = _until(lambda: (s := _query(prom, ratio)).get(BREACH_SLO) and s,
                          f"{ratio} for {BREACH_SLO} after one request", 30)
@@ -163,8 +154,7 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
             ttft = 'gen_ai_server_time_to_first_token_seconds_bucket{context_bucket="0-1k"}'
             bounds = latency_buckets(load_spec(BREACH_SPEC), "slo")[R.TTFT.prom_name]
             assert _query(prom, f"count({ttft})")[""] == len(bounds) + 1
-            with urllib.request.urlopen(request, timeout=60) as resp:  # a rise to rate
-                assert resp.status == 200
+            send_completions(fresh, 1, 0)  # a rise for rate() to see
             e2e = "histogram_quantile(0.99, sum by (le) (rate(" \
                   f'gen_ai_server_request_duration_seconds_bucket{{job="{JOB}"}}[2m])))'
             p99 = _until(lambda: (q := _query(prom, e2e).get("")) and q == q and q,  # not NaN
