@@ -95,6 +95,8 @@ class RequestRecord:
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
     client: str | None = None  # the API key's name, `anonymous` without keys; None: unknown
+    # Seed 000's length-class boundaries in force at admission (None: never admitted)
+    length_bounds: tuple[int, int] | None = None
 
     @property
     def context_bucket(self) -> str:
@@ -102,7 +104,9 @@ class RequestRecord:
 
     @property
     def batch_bucket(self) -> str:
-        return batch_bucket(self.prompt_tokens)
+        if self.length_bounds is None:
+            return batch_bucket(self.prompt_tokens)
+        return batch_bucket(self.prompt_tokens, self.length_bounds)
 
     @property
     def e2e_s(self) -> float | None:
@@ -168,5 +172,7 @@ class RequestRecord:
             "policy_actions": list(self.policy_actions),
             "tokenize_s": self.tokenize_s, "vip": self.vip, "client": self.client,
             "estimated_ttft_s": self.ttft_estimate_s,
+            "length_class_low": self.length_bounds and self.length_bounds[0],
+            "length_class_high": self.length_bounds and self.length_bounds[1],
             **_load_columns(self.load), **_prediction_columns(self.prediction),
         }

@@ -11,9 +11,8 @@ from typing import Final, Literal
 CONTEXT_BUCKET_BOUNDS: Final = (1024, 4096, 32768)
 CONTEXT_BUCKETS: Final = ("0-1k", "1k-4k", "4k-32k", "32k+")
 
-# --- batch buckets (seed 000): the scheduler's short/medium/long request classes ---
+# --- batch buckets (seed 000): length classes, re-bucketed live (slo.policy.length_classes)
 BATCH_BUCKET_BOUNDS: Final = (256, 512)
-BATCH_BUCKETS: Final = ("0-256", "256-512", "512+")
 
 # --- label names of our metrics, and their fixed values --------------------------------
 LABEL_CONTEXT_BUCKET: Final = "context_bucket"  # one of CONTEXT_BUCKETS
@@ -28,6 +27,7 @@ LABEL_HORIZON: Final = "horizon"
 LABEL_TABLE: Final = "table"  # a trace-log table
 LABEL_CLIENT: Final = "client"  # who called: slo.tenants.tenant_label (bounded)
 LABEL_OUTCOME: Final = "outcome"  # one of slo.tenants.OUTCOMES
+LABEL_BOUND: Final = "bound"  # "low" (short | medium) or "high" (medium | long)
 
 PRIORITY_REALTIME: Final = "realtime"
 PRIORITY_BATCH: Final = "batch"
@@ -43,8 +43,7 @@ RESULTS: Final = (RESULT_GOOD, RESULT_BAD)
 
 
 def _steps(start: float, stop: float, step: float) -> list[float]:
-    count = round((stop - start) / step)
-    return [round(start + i * step, 6) for i in range(count + 1)]
+    return [round(start + i * step, 6) for i in range(round((stop - start) / step) + 1)]
 
 
 # Latency bounds: 10 ms apart up to 2 s so that a P99 is resolved to 10 ms where the SLO
@@ -152,6 +151,9 @@ EVENT_LOOP_LAG: Final = MetricDef(  # bounds: 1 ms at p99 is healthy; stalls up 
     "How late the server's event loop ran a timer due now (sampled every 100 ms): time "
     "every request waits behind whatever holds the loop.", (), (0.0001, 0.00025, 0.0005,
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+LENGTH_CLASS_BOUND: Final = MetricDef(
+    "tailguard_length_class_bound_tokens", "tailguard_length_class_bound_tokens", "{token}",
+    "gauge", "Seed 000's length-class boundaries in force (prompt tokens).", (LABEL_BOUND,))
 CLIENT_REQUESTS: Final = MetricDef(
     "tailguard_client_requests_total", "tailguard.client.requests", "", "counter",
     "Requests per client (API key name) by outcome: good or late (served, against its SLO "
@@ -197,7 +199,7 @@ LATENCY_METRICS: Final = (TTFT, TPOT, E2E, QUEUE, PREFILL, DECODE, SAMPLING)
 ALL_METRICS: Final = LATENCY_METRICS + (
     CONTEXT_TOKENS, BATCH_SIZE, REQUESTS, ERRORS, SLO_REQUESTS, KV_CACHE_USAGE,
     RUNNING, WAITING, POLICY_ACTIVE, MEMORY_FORECAST, KV_CACHE_EXHAUSTION,
-    TRACE_ROWS_DROPPED, CLIENT_REQUESTS, EVENT_LOOP_LAG,
+    TRACE_ROWS_DROPPED, CLIENT_REQUESTS, EVENT_LOOP_LAG, LENGTH_CLASS_BOUND,
 ) + tuple(m for trio in PREDICTION_METRICS.values() for m in trio)
 
 # --- thresholds the alerts and the dashboards share --------------------------------
@@ -292,9 +294,7 @@ def context_bucket(tokens: int) -> str:
     return CONTEXT_BUCKETS[-1]
 
 
-def batch_bucket(tokens: int) -> str:
-    """The seed-000 scheduler class of a prompt length: 0-256, 256-512, 512+."""
-    for bound, name in zip(BATCH_BUCKET_BOUNDS, BATCH_BUCKETS):
-        if tokens <= bound:
-            return name
-    return BATCH_BUCKETS[-1]
+def batch_bucket(tokens: int, bounds: tuple[int, int] = BATCH_BUCKET_BOUNDS) -> str:
+    """The seed-000 length class of a prompt under `bounds`: 0-256, 256-512, 512+ at first."""
+    low, high = bounds
+    return f"0-{low}" if tokens <= low else f"{low}-{high}" if tokens <= high else f"{high}+"

@@ -91,6 +91,9 @@ REQUESTS: Final = TableSpec("requests", (
     # The deadline check's TTFT estimate at admission (the live engine model over the
     # work ahead in the request's lane): why a request was refused, or admitted.
     ("estimated_ttft_s", "DOUBLE"),
+    # Seed 000's length-class boundaries in force at admission (`batch_bucket` is the
+    # class under them); NULL for a request refused before it was tokenized.
+    ("length_class_low", "INTEGER"), ("length_class_high", "INTEGER"),
 ))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),

@@ -3,7 +3,8 @@
 #   system-deps.sh          what the tests use: Prometheus + promtool (rules, end-to-end
 #                           scrape), Alertmanager (alerts routed to a webhook), Chromium
 #                           (+ a colour emoji font for its screenshots) for the console's
-#                           browser test, and tcmalloc;
+#                           browser test, nginx (the hot/cold paths routed by tier),
+#                           and tcmalloc;
 #   system-deps.sh --serve  what `serve` benefits from: libtcmalloc-minimal4, the
 #                           allocator it preloads for the engine (serving/engine/allocator.py).
 #                           Optional: without root it says in one line what is missing.
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/progress.sh
 SERVE_PACKAGES=(libtcmalloc-minimal4)
-TEST_PACKAGES=(prometheus prometheus-alertmanager chromium fonts-noto-color-emoji "${SERVE_PACKAGES[@]}")
+TEST_PACKAGES=(prometheus prometheus-alertmanager chromium fonts-noto-color-emoji nginx "${SERVE_PACKAGES[@]}")
 mode=${1:-test}
 [ "$mode" = --serve ] && wanted=("${SERVE_PACKAGES[@]}") || wanted=("${TEST_PACKAGES[@]}")
 

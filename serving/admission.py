@@ -27,9 +27,10 @@ from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.guard.live_predictor import PredictionService
-from serving.limiter import Limiter, LimiterTimeout
+from serving.limiter import Limiter, LimiterFull, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
+from slo.policy.length_classes import LengthClasses, class_of
 from slo.policy.retry_book import RetryBook
 from slo.sim.lanes import LANE_VIP, kv_reserved_from, lane_of
 
@@ -37,7 +38,7 @@ from slo.sim.lanes import LANE_VIP, kv_reserved_from, lane_of
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Admission's no: why (the row's error type: `shed`, `engine_restarting`,
-    `admission_timeout`, `deadline`), what to tell the client, when it may come back,
+    `admission_timeout`, `queue_full`, `deadline`), what to tell the client, when it may come back,
     and the HTTP status (503: the server cannot serve now; 429: this request cannot
     be served in time now, come back later)."""
 
@@ -64,13 +65,15 @@ def _shed(policy: str, retry_after_s: int) -> Refusal:
 class Admission:
     def __init__(self, load: LoadTracker, predictor: PredictionService, limiter: Limiter,
                  faults: FaultInjector, ttft_target=None,
-                 engine_model: LiveEngineModel | None = None):
+                 engine_model: LiveEngineModel | None = None,
+                 length_classes: LengthClasses | None = None):
         self.load = load
         self.predictor = predictor
         self.limiter = limiter
         self.faults = faults
         self.ttft_target = ttft_target  # prompt tokens -> TTFT target s, or None
         self.engine_model = engine_model or LiveEngineModel()
+        self.length_classes = length_classes or LengthClasses()
         self.decisions = Decisions(concurrency_limit=limiter.limit)
         self.refused_deadline = 0  # requests refused by the deadline check (a counter)
         self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
@@ -109,6 +112,8 @@ class Admission:
         """Waits for an engine slot. Once admitted, the caller must call `release()`
         when the engine request ends, whatever happens."""
         d = self.decisions
+        if rec.length_bounds is None:  # classed by its length as sent
+            rec.length_bounds = self.length_classes.observe(prompt_tokens, time.monotonic())
         if d.truncate_tokens is not None and prompt_tokens > d.truncate_tokens:
             prompt = _truncated(prompt, d.truncate_tokens)
             rec.policy_actions.append(f"truncate:{prompt_tokens}->{d.truncate_tokens}")
@@ -139,19 +144,24 @@ class Admission:
         except LimiterTimeout as exc:
             self.load.release(prompt_tokens)
             return Refusal("admission_timeout", str(exc), d.retry_after_s)
+        except LimiterFull as exc:
+            self.load.release(prompt_tokens)
+            rec.policy_actions.append("reject:queue_full")
+            return Refusal("queue_full", str(exc), d.retry_after_s)
         except BaseException:
             self.load.release(prompt_tokens)
             raise
         return Admitted(prompt, prompt_tokens)
 
     def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
-                   deadline: float = float("inf")) -> F.WorkAhead:
+                   deadline: float = float("inf"), rank: int = 0) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
         token: the rest of the engine's step in progress (with the prefill chunk it
         took of the prompts the engine held when it began), the prompt tokens in the
         engine not yet prefilled beyond that chunk (any lane: the engine serves them in
         order), and those the limiter will let in before it (the lanes before its own,
-        and those in its own due earlier)."""
+        and those in its own ordered before it: a lower `rank`, or the same and due
+        earlier)."""
         model, running = self.engine_model.model, load.running_requests
         waiting, waiting_pairs, _ = self.limiter.waiting_work()
         in_engine = max(0, load.pending_prefill_tokens - waiting)
@@ -164,7 +174,7 @@ class Admission:
         at_start_prompts = max(0, self.limiter.engine_prefill_prompts - entered_prompts)
         step = F.step_in_progress(model, running, at_start, since, at_start_pairs,
                                   at_start_prompts)
-        ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline)
+        ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline, rank)
         kv_free = (self.kv_free_tokens(load.kv_cache_usage) - step.chunk
                    - kv_reserved_from(lane, self.decisions.vip_kv_reserve))
         return F.WorkAhead(in_engine - step.chunk + ahead, running, step.remaining_s,
@@ -181,7 +191,7 @@ class Admission:
         if target is None:
             return None
         now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
-        ahead = self.work_ahead(lane, load, now, deadline)
+        ahead = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d))
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):
@@ -230,17 +240,26 @@ class Admission:
         that it moves to the batch lane, and the realtime lane keeps only requests that
         still can."""
         deadline = None if target is None else rec.arrival + target
+        rank = self._rank(rec, prompt_tokens, d)
         if d.deadline_margin is not None and target is not None \
                 and lane == R.PRIORITY_REALTIME:
             own = F.prefill_s(self.engine_model.model, prompt_tokens, 0)
             left = target - (time.monotonic() - rec.arrival) - own
             try:
-                await self.limiter.acquire(lane, max(0.0, left), prompt_tokens, deadline)
+                await self.limiter.acquire(lane, max(0.0, left), prompt_tokens, deadline, rank)
                 return
             except LimiterTimeout:
                 rec.priority = lane = R.PRIORITY_BATCH
                 rec.policy_actions.append("demote:deadline")
-        await self.limiter.acquire(lane, tokens=prompt_tokens, deadline=deadline)
+        await self.limiter.acquire(lane, tokens=prompt_tokens, deadline=deadline, rank=rank)
+
+    @staticmethod
+    def _rank(rec: RequestRecord, prompt_tokens: int, d: Decisions) -> int:
+        """Its place in its lane before deadlines: its length class while the lanes are
+        ordered short class first, else 0 for all."""
+        if not d.length_class_order or rec.length_bounds is None:
+            return 0
+        return class_of(prompt_tokens, rec.length_bounds)
 
     def first_token(self, prompt_tokens: int, computed: int = 0) -> None:
         """Its prefill is done: no longer work ahead of newcomers (`prompt_tokens`: what

@@ -36,6 +36,15 @@ DEFAULT_MAX_CLIENT_SEQUENCES = 128  # in flight per client; 0: no per-client bou
 DEFAULT_WRITE_TIMEOUT_S = 30.0  # one stream write; a client reading nothing is cut
 DEFAULT_RETRAIN_S = 600.0
 DEFAULT_RESELECT_S = 1800.0
+# Seed 001's hot and cold paths, one instance each behind an L7 proxy that routes by
+# tier (docs/deployment.md): the policy settings each starts from (a policies file
+# replaces any of them) and vLLM's batch bound (an explicit --max-num-seqs after `--`
+# wins). Hot: batches of at most 4, no request waits over 500 ms for the engine. Cold:
+# batches of 16, at most 64 waiting.
+PATH_PROFILES = {
+    "hot": ({"batch_floor": 4, "batch_initial": 4, "batch_cap": 4, "queue_wait_s": 0.5}, 4),
+    "cold": ({"batch_floor": 8, "batch_initial": 16, "batch_cap": 16, "max_queue": 64}, 16),
+}
 
 
 @dataclass(slots=True)
@@ -59,6 +68,7 @@ class ServerConfig:
     reselect_interval_s: float | None = None  # memory-forecaster backtests; 0: never
     keys_file: str | None = None  # API keys -> tiers; without it every client is realtime
     policy_file: str | None = None  # YAML of PolicyConfig fields overriding SPEC defaults
+    path_profile: str | None = None  # seed 001's hot or cold path (PATH_PROFILES); None: neither
     enable_fault_injection: bool = False  # PUT /admin/faults (tests, drills)
     forwarded_allow_ips: str | None = None  # proxies whose X-Forwarded-For counts; None: none
     http_limits: HttpLimits | None = None  # connection deadlines and cap; None: env, defaults
@@ -80,7 +90,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         self.spec = load_spec(self.slo_file)  # SpecError (a ValueError) names field + line
-        self.policies = load_policy_config(self.policy_file)
+        self._apply_path_profile()
         self.keys = load_keys(self.keys_file) if self.keys_file else KeyRing.open()
         if self.otlp_protocol and not (self.otlp_endpoint
                                        or S.get(S.OTEL_EXPORTER_OTLP_ENDPOINT)):
@@ -120,6 +130,19 @@ class ServerConfig:
             raise ValueError("max_n must be at least 1")
         if self.retrain_interval_s < 0 or self.reselect_interval_s < 0:
             raise ValueError("retrain and reselect intervals must be >= 0 (0: never)")
+
+    def _apply_path_profile(self) -> None:
+        """The policies (the profile's settings under the file's) and vLLM's batch bound."""
+        self.path_profile = self.path_profile or S.text(S.TAILGUARD_PATH_PROFILE)
+        if self.path_profile and self.path_profile not in PATH_PROFILES:
+            raise ValueError(f"path_profile must be one of {', '.join(PATH_PROFILES)}, "
+                             f"not {self.path_profile!r}")
+        base, max_seqs = PATH_PROFILES.get(self.path_profile, ({}, None))
+        self.policies = load_policy_config(self.policy_file, base)
+        named = any(a == "--max-num-seqs" or a.startswith("--max-num-seqs=")
+                    for a in self.vllm_args)
+        if max_seqs and not named:
+            self.vllm_args = [*self.vllm_args, "--max-num-seqs", str(max_seqs)]
 
     def _resolve_client_bounds(self) -> None:
         """What one request and one client may hold: sequences, and a stream's writes."""
@@ -169,10 +192,12 @@ def http_limits_from_env() -> HttpLimits:
                                  int))
 
 
-def load_policy_config(path: str | None) -> PolicyConfig:
-    """SPEC §3 defaults, with any field set in the YAML file replaced."""
+def load_policy_config(path: str | None, base: dict | None = None) -> PolicyConfig:
+    """SPEC §3 defaults, replaced by `base` (a path profile's), then by any field set in
+    the YAML file."""
+    base = base or {}
     if not path:
-        return PolicyConfig()
+        return PolicyConfig(**base)
     import yaml
 
     try:
@@ -184,6 +209,6 @@ def load_policy_config(path: str | None) -> PolicyConfig:
     if unknown:
         raise ValueError(f"policy config {path}: unknown field(s) {', '.join(map(str, unknown))}")
     try:
-        return PolicyConfig(**data)
+        return PolicyConfig(**{**base, **data})
     except (TypeError, ValueError) as exc:
         raise ValueError(f"policy config {path}: {exc}") from None

@@ -49,8 +49,13 @@ class LimiterTimeout(Exception):
     """A request waited longer than the limiter allows."""
 
 
+class LimiterFull(Exception):
+    """As many requests wait in front of the engine as the limiter holds (`max_queue`)."""
+
+
 @dataclass(order=True, slots=True)
 class _Waiter:
+    rank: int  # its length class when lanes are ordered short class first, else 0
     deadline: float
     seq: int  # first come first served among equal deadlines
     tokens: int = field(compare=False)
@@ -58,10 +63,12 @@ class _Waiter:
 
 
 class Limiter:
-    def __init__(self, limit: int, max_wait_s: float = 120.0, prefill_gate: int | None = None):
+    def __init__(self, limit: int, max_wait_s: float = 120.0, prefill_gate: int | None = None,
+                 max_queue: int = 0):
         self._limit = max(1, limit)
         self._gate = prefill_gate
         self.max_wait_s = max_wait_s
+        self.max_queue = max_queue  # requests that may wait at once; 0: no bound
         self.in_flight = 0
         self.engine_prefill_tokens = 0  # prompt tokens in the engine, not yet prefilled
         self.engine_prefill_prompts = 0  # how many prompts those are
@@ -116,18 +123,18 @@ class Limiter:
         """Requests wait because every slot is taken (not merely at the prefill gate)."""
         return self._waiting > 0 and self.in_flight >= self._limit
 
-    def waiting_work(self, through_lane: str | None = None,
-                     deadline: float = float("inf")) -> tuple[int, int, int]:
-        """Prompt tokens waiting in the lanes before `through_lane` and in it those due
-        by `deadline` (all lanes and all deadlines when None): what is served before a
-        newcomer to that lane with that deadline; their attention pairs (fresh
+    def waiting_work(self, through_lane: str | None = None, deadline: float = float("inf"),
+                     rank: int = 0) -> tuple[int, int, int]:
+        """Prompt tokens waiting in the lanes before `through_lane` and in it those
+        ordered before a newcomer of that `rank` due by `deadline` (all lanes and all
+        waiters when None): what is served before it; their attention pairs (fresh
         prompts: `attention_pairs(0, tokens)` each); how many prompts."""
         end = len(LANES) if through_lane is None else LANES.index(through_lane) + 1
         tokens = pairs = prompts = 0
         for lane in LANES[:end]:
-            last = lane == LANES[end - 1]
+            last = through_lane is not None and lane == LANES[end - 1]
             for w in self._lanes[lane]:
-                if not last or w.deadline <= deadline:
+                if not last or (w.rank, w.deadline) <= (rank, deadline):
                     tokens += w.tokens
                     pairs += attention_pairs(0, w.tokens)
                     prompts += 1
@@ -150,16 +157,19 @@ class Limiter:
         return (ahead + 1) * RELEASE_WINDOW_S / len(self._releases)
 
     async def acquire(self, lane: str, timeout_s: float | None = None, tokens: int = 0,
-                      deadline: float | None = None) -> None:
+                      deadline: float | None = None, rank: int = 0) -> None:
         """Enter the engine with `tokens` of prompt, waiting at most `timeout_s` (and
-        never past `max_wait_s`); `deadline` orders the lane (default: now, i.e. first
-        come first served)."""
+        never past `max_wait_s`); `rank`, then `deadline` order the lane (default: rank
+        0, now, i.e. first come first served)."""
         if enters_at_once(lane) or (not self._waiting and self._fits(tokens)):
             self._enter(tokens)
             return
+        if self.max_queue and self._waiting >= self.max_queue:
+            raise LimiterFull(f"{self._waiting} requests wait for the engine already; at "
+                              f"most {self.max_queue} may")
         wait = self.max_wait_s if timeout_s is None else min(timeout_s, self.max_wait_s)
         due = time.monotonic() if deadline is None else deadline
-        waiter = _Waiter(due, next(self._seq), tokens,
+        waiter = _Waiter(rank, due, next(self._seq), tokens,
                          asyncio.get_running_loop().create_future())
         heapq.heappush(self._lanes[lane], waiter)
         self._waiting += 1

@@ -12,6 +12,7 @@ import click
 from tailguard import commands
 from tailguard.cmd_bench import bench
 from tailguard.cmd_dashboards import dashboards
+from tailguard.cmd_nginx import nginx
 from tailguard.cmd_predict import forecast, predict
 from tailguard.cmd_replay import replay
 from tailguard.cmd_rules import rules
@@ -59,3 +60,4 @@ main.add_command(console)
 main.add_command(predict)
 main.add_command(forecast)
 main.add_command(replay)
+main.add_command(nginx)

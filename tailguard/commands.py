@@ -60,6 +60,9 @@ def model_init(directory):
               help="API keys file: key -> tier (realtime|batch) and VIP flag.")
 @click.option("--policies", "policy_file", type=click.Path(dir_okay=False),
               help="YAML overriding degradation-policy thresholds (SPEC §3 defaults).")
+@click.option("--path-profile", type=click.Choice(["hot", "cold"]),
+              help="Seed 001's hot path (batches of 4, 500 ms wait bound) or cold path "
+                   "(batches of 16, 64 waiting at most); docs/deployment.md.")
 @click.option("--enable-fault-injection", is_flag=True,
               help="Allow PUT /admin/faults to make the engine slow, stall or fail (drills).")
 @click.option("--max-body-bytes", type=click.IntRange(min=1024),

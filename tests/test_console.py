@@ -199,13 +199,25 @@ def test_latency_metric_radio_switches_the_chart(live, seeded):
         app = rerun(app.radio(key="latency_metric").set_value(label))
         assert texts(app.subheader) == [
             f"{label} P50 / P95 / P99 by context bucket",
-            "Context length: now against the last hour and day", "Outcomes"]
-        over_time, shares = charts(app)
+            "Context length: now against the last hour and day",
+            "Length classes (seed 000: re-bucketed every 5 s from p25 / p75)", "Outcomes"]
+        over_time, shares, bounds = charts(app)
         assert over_time["encoding"]["y"]["title"] == f"{label} (s)"
         assert shares["encoding"]["x"]["title"] == "prompt tokens (from)"
-    by_bucket, outcomes = (d.value for d in app.dataframe)
+        assert bounds["encoding"]["y"]["title"] == "boundary (prompt tokens)"
+    by_bucket, classes, outcomes = (d.value for d in app.dataframe)
     assert "0-1k" in set(by_bucket["context_bucket"])
     assert {"ttft_p99", "tpot_p99", "e2e_p99", "met_every_slo"} <= set(by_bucket.columns)
+    # the length classes agree with the trace log: every served request of the window,
+    # each under the boundaries it was classed by
+    (expected,) = seeded.sql(
+        "SELECT count(*) FILTER (prompt_tokens <= length_class_low) AS short, "
+        "count(*) FILTER (prompt_tokens > length_class_low AND prompt_tokens <= "
+        "length_class_high) AS medium, count(*) FILTER (prompt_tokens > length_class_high) "
+        "AS long FROM requests WHERE status = 'ok' AND length_class_low IS NOT NULL "
+        "AND arrival_ts > now() - INTERVAL 15 MINUTE")  # the default window
+    shown = dict(zip(classes["length_class"], classes["requests"]))
+    assert shown == {k: v for k, v in expected.items() if v}
     ok = outcomes[outcomes["status"] == "ok"]["requests"]
     assert len(ok) == 1 and ok.iloc[0] >= len(SEEDS) + 1
 

@@ -303,6 +303,14 @@ def test_every_page_renders_and_an_override_round_trips(target, console, browser
         audit = _api(server, "GET", "/admin/audit")["overrides"]
         assert [o["reason"] for o in audit[:2]] == ["browser test: back to auto",
                                                      "browser test: force on"]
+        events = _api(server, "POST", "/admin/query", {"sql": (
+            "SELECT from_state, to_state, reason FROM policy_events WHERE policy = "
+            f"'{POLICY}' AND reason LIKE 'override by console via %' ORDER BY ts DESC "
+            "LIMIT 2")})["rows"]
+        assert events == [["force_on", "auto", "override by console via 127.0.0.1: "
+                           "browser test: back to auto"],
+                          ["auto", "force_on", "override by console via 127.0.0.1: "
+                           "browser test: force on"]]
         restored = True
     finally:
         if not restored:

@@ -40,6 +40,15 @@ def context_shares(frame) -> alt.Chart:
             .properties(height=HEIGHT))
 
 
+def length_bounds(frame) -> alt.Chart:
+    """Seed 000's two length-class boundaries over time (prompt tokens)."""
+    return (alt.Chart(frame).mark_line(point=True, interpolate="step-after")
+            .encode(x=TIME_X, y=alt.Y("tokens:Q", title="boundary (prompt tokens)"),
+                    color=alt.Color("bound:N", title="boundary"),
+                    tooltip=[TIME_TIP, "bound:N", "tokens:Q"])
+            .properties(height=220))
+
+
 def throughput(frame) -> alt.Chart:
     long = frame.melt(id_vars=["t"], var_name="series", value_name="per_s")
     return (alt.Chart(long).mark_line(point=True)

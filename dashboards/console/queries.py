@@ -67,6 +67,32 @@ def context_distribution() -> str:
             + ") ORDER BY period_order, tokens_from")
 
 
+_LENGTH_CLASS = ("CASE WHEN prompt_tokens <= length_class_low THEN 0 "
+                 "WHEN prompt_tokens <= length_class_high THEN 1 ELSE 2 END")
+
+
+def length_bounds_over_time(minutes: int) -> str:
+    """Seed 000's length-class boundaries per time bin, as the bin's last admitted
+    request was classed (long form: one row per bin and bound)."""
+    return (f"UNPIVOT (SELECT {_bin(minutes)} AS t, "
+            "arg_max(length_class_low, arrival_ts) AS low, "
+            "arg_max(length_class_high, arrival_ts) AS high FROM requests "
+            f"WHERE length_class_low IS NOT NULL AND {_since(minutes)} GROUP BY ALL) "
+            "ON low, high INTO NAME bound VALUE tokens ORDER BY t, bound")
+
+
+def length_classes(minutes: int) -> str:
+    """Served requests per length class, each under the boundaries it was classed by:
+    how many, their prompt lengths, TTFT P50 / P99 and the share within every SLO."""
+    return (f"SELECT ['short', 'medium', 'long'][{_LENGTH_CLASS} + 1] AS length_class, "
+            "count(*) AS requests, min(prompt_tokens) AS shortest, "
+            "max(prompt_tokens) AS longest, quantile_cont(ttft_s, 0.5) AS ttft_p50, "
+            "quantile_cont(ttft_s, 0.99) AS ttft_p99, "
+            "avg(CASE WHEN slo_ok THEN 1.0 ELSE 0.0 END) AS met_every_slo FROM requests "
+            f"WHERE status = 'ok' AND length_class_low IS NOT NULL AND {_since(minutes)} "
+            f"GROUP BY {_LENGTH_CLASS}, length_class ORDER BY {_LENGTH_CLASS}")
+
+
 def throughput_over_time(minutes: int) -> str:
     """Requests/s by outcome and goodput (ok and within every SLO) per time bin, every
     bin of the window present (an idle bin is 0, not a line drawn across it), each

@@ -114,6 +114,7 @@ class RequestMetrics:
         self._policy = i[R.POLICY_ACTIVE.prom_name]
         self._clients = i[R.CLIENT_REQUESTS.prom_name]
         self._loop_lag = i[R.EVENT_LOOP_LAG.prom_name]
+        self._length_bound = i[R.LENGTH_CLASS_BOUND.prom_name]
         self.slo_requests = i[R.SLO_REQUESTS.prom_name]
         self._prediction = {target: tuple(i[m.prom_name] for m in trio)
                             for target, trio in R.PREDICTION_METRICS.items()}
@@ -173,6 +174,11 @@ class RequestMetrics:
         """None (not rising) and anything an hour or more away read as the cap."""
         cap = R.KV_EXHAUSTION_CAP_S
         self._exhaustion.set(cap if seconds is None else min(seconds, cap))
+
+    def record_length_bounds(self, low: int, high: int) -> None:
+        """Seed 000's length-class boundaries in force (`slo.policy.length_classes`)."""
+        self._length_bound.set(low, {R.LABEL_BOUND: "low"})
+        self._length_bound.set(high, {R.LABEL_BOUND: "high"})
 
     def record_dropped(self, table: str, rows: int) -> None:
         if rows:

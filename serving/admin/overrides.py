@@ -1,6 +1,6 @@
 """Operator overrides: set through the admin API, kept in the trace DB's `overrides`
-table (one row per change: the audit log), and re-applied when a server restarts on
-the same file."""
+table (one row per change: the audit log) with a `policy_events` row (mode -> mode,
+as an expiry writes one), and re-applied when a server restarts on the same file."""
 
 from __future__ import annotations
 
@@ -53,10 +53,17 @@ class OverrideStore:
         override = Override(mode, reason.strip(), actor.strip() or "unknown", now,
                             now + ttl_s if ttl_s else None)
         machine = self.machines[policy]
+        previous = AUTO if machine.override is None else machine.override.mode
         machine.override = None if mode == AUTO else override
         self.tracelog.add("overrides", {
             "policy": policy, "mode": mode, "reason": override.reason, "actor": override.actor,
             "created_ts": _ts(now), "expires_ts": _ts(override.expires)})
+        # the policy's history reads whole without a join: mode -> mode, as an expiry does
+        self.tracelog.add("policy_events", {
+            "ts": _ts(now), "policy": policy, "from_state": previous, "to_state": mode,
+            "reason": f"override by {override.actor}: {override.reason}",
+            "details": {"actor": override.actor, "effective": machine.effective,
+                        "expires_ts": override.expires}})
         self.tracelog.flush()  # an override must survive a crash right after it
         return override
 

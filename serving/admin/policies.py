@@ -57,6 +57,9 @@ def create_policy_router(runtime) -> APIRouter:
             "signals": dataclasses.asdict(signals) if signals else None,
             "limiter": {"limit": guard.limiter.limit, "in_flight": guard.limiter.in_flight,
                         "waiting": guard.limiter.waiting,
+                        # the bounds on waiting (seed 001's hot / cold path profiles)
+                        "max_wait_s": guard.limiter.max_wait_s,
+                        "max_queue": guard.limiter.max_queue,
                         "prefill_gate_tokens": guard.limiter.prefill_gate,
                         "engine_prefill_tokens": guard.limiter.engine_prefill_tokens,
                         # KV-cache room kept for VIPs, and what the cache has free now
@@ -64,6 +67,9 @@ def create_policy_router(runtime) -> APIRouter:
                         "kv_free_tokens": runtime.admission.kv_free_tokens(),
                         # refused requests booked to come back (slo/policy/retry_book)
                         "retry_bookings": len(runtime.admission.retries)},
+            # seed 000's length classes: the boundaries in force, and how often they moved
+            "length_classes": {"bounds": list(runtime.admission.length_classes.bounds),
+                               "moves": runtime.admission.length_classes.moves},
             # what the deadline check estimates with: the live engine model and the
             # online calibration of its estimate
             "engine_model": runtime.engine_model.describe(),

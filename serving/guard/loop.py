@@ -50,7 +50,8 @@ class Guard:
         self.faults = faults
         self.metrics = metrics
         self.engine = PolicyEngine(config, self._record_event, metrics.record_policy)
-        self.limiter = Limiter(self.engine.batch.limit)
+        self.limiter = Limiter(self.engine.batch.limit, config.queue_wait_s,
+                               max_queue=config.max_queue)
         self.overrides = OverrideStore(tracelog, self.engine.machines)
         self.restarts = 0
         self._restarted_episode: float | None = None  # one restart per L2 activation
@@ -118,6 +119,8 @@ class Guard:
             deadline_refusals=refused)
         decisions = self.engine.evaluate(signals, saturated=self.limiter.slots_full)
         self.metrics.record_kv_exhaustion(signals.kv_exhaustion_s)
+        admission.length_classes.roll(time.monotonic())  # re-buckets on time when idle too
+        self.metrics.record_length_bounds(*admission.length_classes.bounds)
         self.limiter.limit = decisions.concurrency_limit
         steps = decisions.prefill_gate_steps
         self.limiter.prefill_gate = (None if steps is None

@@ -98,6 +98,16 @@ class PolicyConfig:
     # until it comes back, so the time promised is kept (retries on time, at the cost
     # of refusing more first attempts during a surge: docs/benchmarks.md)
     hold_retries: bool = False
+    # true: each limiter lane serves seed 000's short length class first, then medium,
+    # then long, by deadline within a class (`slo.policy.length_classes`); false (the
+    # default): by deadline alone (the measurement: docs/benchmarks.md)
+    length_class_order: bool = False
+    # The limiter's bounds on waiting in front of the engine: the longest a request
+    # waits for a slot before a 503 `admission_timeout`, and how many may wait at once
+    # before a 503 `queue_full` (0: no bound). Seed 001's hot path waits at most 0.5 s,
+    # its cold path queues at most 64 (`tailguard serve --path-profile`).
+    queue_wait_s: float = 120.0
+    max_queue: int = 0
     batch_p99_s: float = 0.5
     batch_window_s: float = 5.0
     batch_windows: int = 3
@@ -111,8 +121,9 @@ class PolicyConfig:
     backoff_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.deadline_check, bool):
-            raise ValueError("deadline_check must be true or false")
+        for flag in ("deadline_check", "hold_retries", "length_class_order"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag} must be true or false")
         for f in fields(self):
             if getattr(self, f.name) < 0:
                 raise ValueError(f"policy setting {f.name} must be >= 0")
@@ -125,6 +136,8 @@ class PolicyConfig:
         if self.memory_exhaustion_clear_s < self.memory_exhaustion_s:
             raise ValueError("memory_exhaustion_clear_s must not be below memory_exhaustion_s "
                              "(hysteresis: a policy clears once full is further away)")
+        if self.queue_wait_s <= 0:
+            raise ValueError("queue_wait_s must be > 0")
         if not 0 < self.deadline_margin <= 1:
             raise ValueError("deadline_margin must be in (0, 1]")
         if not 1 <= self.batch_floor <= self.batch_cap:

@@ -27,6 +27,7 @@ class Decisions:
     # KV-cache tokens kept free for VIPs (`serving.limiter`); None: off
     vip_kv_reserve: int | None = None
     hold_retries: bool = False  # booked retries count as work ahead (`retry_book`)
+    length_class_order: bool = False  # the lanes serve short length classes first
     # While breaker L1 holds, requests run this many times slower than the engine model
     # says: the deadline check scales its estimate by it.
     slowdown: float = 1.0
@@ -89,6 +90,7 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
         vip_kv_reserve=(config.vip_kv_reserve_tokens
                         if deadline_on and config.vip_kv_reserve_tokens > 0 else None),
         hold_retries=deadline_on and config.hold_retries,
+        length_class_order=config.length_class_order,
         deadline_truncate_tokens=(None if P.TRUNCATION in forced_off
                                   else config.truncate_tokens),
         memory_pressure=on(P.MEMORY_PRESSURE),

@@ -1,6 +1,6 @@
 """Latency: TTFT / TPOT / end-to-end percentiles over time per context bucket, and the
 context-length mix now against the last hour and day (seed 002's first check when
-P99 jumps: did the prompts get longer?)."""
+P99 jumps: did the prompts get longer?), and seed 000's live length classes."""
 
 from __future__ import annotations
 
@@ -26,6 +26,13 @@ def render(src, minutes: int) -> None:
         st.info("No requests in the last day yet.")
     else:
         st.altair_chart(charts.context_shares(shares), width="stretch")
+    st.subheader("Length classes (seed 000: re-bucketed every 5 s from p25 / p75)")
+    bounds = src.query(queries.length_bounds_over_time(minutes))
+    if bounds.empty:
+        st.info(common.NO_REQUESTS)
+    else:
+        st.altair_chart(charts.length_bounds(bounds), width="stretch")
+        st.dataframe(src.query(queries.length_classes(minutes)), hide_index=True)
     st.subheader("Outcomes")
     st.dataframe(src.query(queries.outcomes(minutes)), hide_index=True)
 
