@@ -32,6 +32,7 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.length_classes import LengthClasses, class_of
 from slo.policy.retry_book import RetryBook
+from slo.policy.vip_stream import VipStream
 from slo.sim.lanes import LANE_VIP, kv_reserved_from, lane_of
 
 
@@ -77,6 +78,7 @@ class Admission:
         self.decisions = Decisions(concurrency_limit=limiter.limit)
         self.refused_deadline = 0  # requests refused by the deadline check (a counter)
         self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
+        self.vips = VipStream()  # VIP prompts admitted lately: work ahead still to come
         limiter.kv_free = self.kv_free_tokens  # the VIP reserve's reading
 
     def kv_free_tokens(self, usage: float | None = None) -> int:
@@ -196,9 +198,14 @@ class Admission:
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):
             booked = self.retries.work_due(now, deadline)
+        if lane == LANE_VIP:
+            self.vips.arrived(prompt_tokens, now)
+            vips = (0, 0)
+        else:  # VIPs coming before its deadline go ahead of it
+            vips = self.vips.expected(deadline - now, now)
         check = F.judge(model, prompt_tokens,
-                        replace(ahead, prefill_tokens=ahead.prefill_tokens + booked[0],
-                                prefill_pairs=ahead.prefill_pairs + booked[1]),
+                        replace(ahead, prefill_tokens=ahead.prefill_tokens + booked[0] + vips[0],
+                                prefill_pairs=ahead.prefill_pairs + booked[1] + vips[1]),
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown

@@ -16,14 +16,17 @@ arriving during a step is judged as on its arrival, the rest of that step ahead 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 from observe import registry as R
 from slo.policy import conditions as P
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
+from slo.policy.vip_stream import VipStream
 from slo.sim.engine_model import EngineModel, attention_pairs
 from slo.sim.lanes import (
+    LANE_VIP,
     Lanes,
     deadline_of,
     enters_at_once,
@@ -56,6 +59,7 @@ class Simulator:
         # when requests left the engine lately, and the KV tokens each held
         self.releases: deque[tuple[float, int]] = deque()
         self.refused = 0  # by the deadline check since the last policy tick
+        self.vips = VipStream()  # as admission's: VIP work still to come
 
     # --- admission ---------------------------------------------------------------------
 
@@ -71,11 +75,18 @@ class Simulator:
         if d.truncate_tokens is not None and req.prompt > d.truncate_tokens:
             req.actions.append(f"truncate:{req.prompt}->{d.truncate_tokens}")
             req.prompt = d.truncate_tokens
+        if req.target_s is not None and lane_of(req) == LANE_VIP:
+            self.vips.arrived(req.prompt, self.now)
         if d.deadline_margin is not None and req.target_s is not None:
             # judged as the server does on its arrival, the step it came during ahead
             seen = req.arrival + self.model.overhead_s
-            check = F.judge(self.model, req.prompt, self._work_ahead(req, self.now - seen),
-                            req.target_s - self.model.overhead_s, vip=req.vip,
+            left = req.target_s - self.model.overhead_s
+            ahead = self._work_ahead(req, self.now - seen)
+            if lane_of(req) != LANE_VIP:
+                tokens, pairs = self.vips.expected(left, self.now)
+                ahead = replace(ahead, prefill_tokens=ahead.prefill_tokens + tokens,
+                                prefill_pairs=ahead.prefill_pairs + pairs)
+            check = F.judge(self.model, req.prompt, ahead, left, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
                             margin=d.deadline_margin, slowdown=d.slowdown)
             if check.action == F.REFUSE:

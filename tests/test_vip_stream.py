@@ -1,0 +1,95 @@
+"""VIP work still to come, exactly: the recent VIP prompt rate over a newcomer's time left
+(`slo.policy.vip_stream`), counted ahead of every non-VIP request by the server's
+deadline check and by the simulator's, never ahead of a VIP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from observe import registry as R
+from observe.record import RequestRecord
+from serving.admission import Admission, Refusal
+from serving.engine.fault_injection import FaultInjector
+from serving.engine.load import LoadTracker
+from serving.engine.stats import EngineSecond
+from serving.guard.live_predictor import PredictionService
+from serving.limiter import Limiter
+from slo.policy import conditions as P
+from slo.policy.decisions import Decisions
+from slo.policy.vip_stream import VipStream
+from slo.sim.engine_model import EngineModel, attention_pairs
+from slo.sim.request import SimRequest
+from slo.sim.simulation import Simulator
+
+
+@pytest.mark.parametrize("case,arrivals,now,horizon,expected", [
+    ("none lately: nothing to come", [], 10.0, 1.0, (0, 0)),
+    ("two 500-token VIPs in 5 s, 0.5 s left: a tenth of them", [(9.0, 500), (9.5, 500)],
+     10.0, 0.5, (100, round(2 * attention_pairs(0, 500) * 0.1))),
+    ("older than the window: forgotten", [(4.0, 500), (9.0, 300)], 10.0, 5.0,
+     (300, attention_pairs(0, 300))),
+    ("no time left: nothing", [(9.0, 500)], 10.0, 0.0, (0, 0)),
+    ("a horizon longer than ten windows counts ten", [(9.0, 100)], 10.0, 600.0, (1000,
+     10 * attention_pairs(0, 100))),
+])
+def test_the_expected_vip_work_is_the_recent_rate_over_the_time_left(
+        case, arrivals, now, horizon, expected):
+    stream = VipStream()
+    for when, tokens in arrivals:
+        stream.arrived(tokens, when)
+    assert stream.expected(horizon, now) == expected, case
+
+
+def test_a_window_must_be_positive():
+    with pytest.raises(ValueError):
+        VipStream(window_s=0)
+
+
+DEADLINE = dict(deadline_margin=0.8, deadline_truncate_tokens=4096)
+
+
+def _judged(vip: bool, surge: bool) -> tuple[bool, list[str]]:
+    service = PredictionService(None, None, retrain_interval_s=0)
+    adm = Admission(LoadTracker(EngineSecond()), service, Limiter(8), FaultInjector(),
+                    lambda tokens: 0.5)
+    adm.engine_model.set_engine_limits(2048, kv_capacity_tokens=10_000_000)
+    adm.publish(Decisions(8, **DEADLINE))
+    now = time.monotonic()
+    if surge:  # 2,000,000 VIP prompt tokens in the last 5 s: 200,000 due in 0.5 s
+        for i in range(10):
+            adm.vips.arrived(200_000, now - 0.1 * i)
+    rec = RequestRecord("r", now, "text_completion", priority=R.PRIORITY_REALTIME)
+    rec.vip = vip
+    verdict = asyncio.run(adm.admit(rec, {"prompt_token_ids": [1] * 10}, 10, 4))
+    return isinstance(verdict, Refusal), rec.policy_actions
+
+
+@pytest.mark.parametrize("vip,surge,refused", [
+    (False, False, False),  # an idle engine, no VIP lately: admitted
+    (False, True, True),  # the same request in a VIP surge: refused now
+    (True, True, False),  # a VIP never waits for VIPs still to come
+])
+def test_the_servers_deadline_check_counts_vips_still_to_come(vip, surge, refused):
+    got, actions = _judged(vip, surge)
+    assert got is refused and actions == (["refuse:deadline"] if refused else [])
+
+
+def test_the_simulator_counts_them_as_the_server_does():
+    model = EngineModel(0.01, 0.0, 2e-5, 1e-9, token_budget=2048,
+                        kv_capacity_tokens=10_000_000)
+    sim = Simulator(model, P.PolicyConfig())
+    sim.decisions = Decisions(8, **DEADLINE)
+
+    def request(vip: bool, prompt: int) -> SimRequest:
+        return SimRequest(0.0, prompt, 4, R.PRIORITY_REALTIME, vip=vip, target_s=0.5)
+    sim.arrive(request(False, 10))
+    assert sim.refused == 0
+    for _ in range(10):  # VIPs: never refused, remembered as work to come
+        sim.arrive(request(True, 20_000))
+    sim.running.clear()
+    sim.lanes = type(sim.lanes)()
+    sim.arrive(request(False, 10))
+    assert sim.refused == 1
