@@ -193,19 +193,18 @@ class Admission:
         if target is None:
             return None
         now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
-        ahead = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d))
+        base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d))
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):
             booked = self.retries.work_due(now, deadline)
+        ahead = replace(base, prefill_tokens=base.prefill_tokens + booked[0],
+                        prefill_pairs=base.prefill_pairs + booked[1])
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
-            vips = (0, 0)
-        else:  # VIPs coming before its deadline go ahead of it
-            vips = self.vips.expected(deadline - now, now)
-        check = F.judge(model, prompt_tokens,
-                        replace(ahead, prefill_tokens=ahead.prefill_tokens + booked[0] + vips[0],
-                                prefill_pairs=ahead.prefill_pairs + booked[1] + vips[1]),
+        else:  # VIPs coming before its prefill begins go ahead of it
+            ahead = self.vips.ahead_of(model, prompt_tokens, ahead, deadline - now, now)
+        check = F.judge(model, prompt_tokens, ahead,
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
@@ -214,8 +213,8 @@ class Admission:
         if check.action == F.REFUSE:
             return replace(check, retry_after_s=self.retries.book(
                 rec.client, prompt_tokens, now,
-                F.drain_s(model, ahead, prompt_tokens) * d.slowdown,
-                F.prefill_s(model, prompt_tokens, ahead.running) * d.slowdown))
+                F.drain_s(model, base, prompt_tokens) * d.slowdown,
+                F.prefill_s(model, prompt_tokens, base.running) * d.slowdown))
         return check
 
     def _refuse(self, rec: RequestRecord, check: F.Feasibility) -> Refusal:

@@ -18,6 +18,7 @@ from serving.engine.stats import EngineSecond
 from serving.guard.live_predictor import PredictionService
 from serving.limiter import Limiter
 from slo.policy import conditions as P
+from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.vip_stream import VipStream
 from slo.sim.engine_model import EngineModel, attention_pairs
@@ -77,19 +78,35 @@ def test_the_servers_deadline_check_counts_vips_still_to_come(vip, surge, refuse
     assert got is refused and actions == (["refuse:deadline"] if refused else [])
 
 
-def test_the_simulator_counts_them_as_the_server_does():
+def _simulated(vip_history: bool) -> int:
+    """A 2,000-token prompt in the engine ahead of a newcomer of 10 tokens (0.5 s target)."""
     model = EngineModel(0.01, 0.0, 2e-5, 1e-9, token_budget=2048,
                         kv_capacity_tokens=10_000_000)
     sim = Simulator(model, P.PolicyConfig())
     sim.decisions = Decisions(8, **DEADLINE)
+    sim.arrive(SimRequest(0.0, 2000, 4, priority=R.PRIORITY_REALTIME, target_s=5.0))
+    sim._fill_slots()  # it enters the engine: 2,000 tokens to prefill ahead of anyone
+    if vip_history:  # 2,000,000 VIP prompt tokens in the last 5 s
+        for _ in range(10):
+            sim.vips.arrived(200_000, sim.now)
+    sim.arrive(SimRequest(0.0, 10, 4, priority=R.PRIORITY_REALTIME, target_s=0.5))
+    return sim.refused
 
-    def request(vip: bool, prompt: int) -> SimRequest:
-        return SimRequest(0.0, prompt, 4, R.PRIORITY_REALTIME, vip=vip, target_s=0.5)
-    sim.arrive(request(False, 10))
-    assert sim.refused == 0
-    for _ in range(10):  # VIPs: never refused, remembered as work to come
-        sim.arrive(request(True, 20_000))
-    sim.running.clear()
-    sim.lanes = type(sim.lanes)()
-    sim.arrive(request(False, 10))
-    assert sim.refused == 1
+
+def test_the_simulator_counts_them_over_the_newcomers_wait_as_the_server_does():
+    assert (_simulated(False), _simulated(True)) == (0, 1)
+
+
+def test_a_newcomer_that_waits_for_nothing_waits_for_no_vip():
+    model = EngineModel(0.01, 0.0, 2e-5, 1e-9, token_budget=2048,
+                        kv_capacity_tokens=10_000_000)
+    stream = VipStream()
+    for i in range(10):
+        stream.arrived(200_000, 10.0 - 0.1 * i)
+    idle = F.WorkAhead(0, 0)
+    assert stream.ahead_of(model, 10, idle, 0.5, 10.0) == idle
+    queued = F.WorkAhead(2000, 0)
+    wait = F.first_token_s(model, 10, queued) - F.prefill_s(model, 10, 0)
+    expected = stream.expected(wait, 10.0)
+    assert expected[0] > 0 and stream.ahead_of(model, 10, queued, 0.5, 10.0) == F.WorkAhead(
+        2000 + expected[0], 0, prefill_pairs=expected[1])

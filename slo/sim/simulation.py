@@ -16,7 +16,6 @@ arriving during a step is judged as on its arrival, the rest of that step ahead 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
 
 from observe import registry as R
 from slo.policy import conditions as P
@@ -83,9 +82,7 @@ class Simulator:
             left = req.target_s - self.model.overhead_s
             ahead = self._work_ahead(req, self.now - seen)
             if lane_of(req) != LANE_VIP:
-                tokens, pairs = self.vips.expected(left, self.now)
-                ahead = replace(ahead, prefill_tokens=ahead.prefill_tokens + tokens,
-                                prefill_pairs=ahead.prefill_pairs + pairs)
+                ahead = self.vips.ahead_of(self.model, req.prompt, ahead, left, self.now)
             check = F.judge(self.model, req.prompt, ahead, left, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
                             margin=d.deadline_margin, slowdown=d.slowdown)
