@@ -202,8 +202,8 @@ class Admission:
                         prefill_pairs=base.prefill_pairs + booked[1])
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
-        else:  # VIPs coming before its prefill begins go ahead of it
-            ahead = self.vips.ahead_of(model, prompt_tokens, ahead, deadline - now, now)
+        else:  # VIPs coming before its deadline go ahead of it
+            ahead = self.vips.ahead_of(ahead, deadline - now, now)
         check = F.judge(model, prompt_tokens, ahead,
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)

@@ -93,20 +93,15 @@ def _simulated(vip_history: bool) -> int:
     return sim.refused
 
 
-def test_the_simulator_counts_them_over_the_newcomers_wait_as_the_server_does():
+def test_the_simulator_counts_them_as_the_server_does():
     assert (_simulated(False), _simulated(True)) == (0, 1)
 
 
-def test_a_newcomer_that_waits_for_nothing_waits_for_no_vip():
-    model = EngineModel(0.01, 0.0, 2e-5, 1e-9, token_budget=2048,
-                        kv_capacity_tokens=10_000_000)
+def test_the_work_ahead_gains_the_vips_expected_in_the_time_left():
     stream = VipStream()
-    for i in range(10):
-        stream.arrived(200_000, 10.0 - 0.1 * i)
     idle = F.WorkAhead(0, 0)
-    assert stream.ahead_of(model, 10, idle, 0.5, 10.0) == idle
-    queued = F.WorkAhead(2000, 0)
-    wait = F.first_token_s(model, 10, queued) - F.prefill_s(model, 10, 0)
-    expected = stream.expected(wait, 10.0)
-    assert expected[0] > 0 and stream.ahead_of(model, 10, queued, 0.5, 10.0) == F.WorkAhead(
-        2000 + expected[0], 0, prefill_pairs=expected[1])
+    assert stream.ahead_of(idle, 0.5, 10.0) == idle  # no VIP lately
+    for i in range(10):
+        stream.arrived(2_000, 10.0 - 0.1 * i)
+    assert stream.ahead_of(F.WorkAhead(300, 2), 0.5, 10.0) == F.WorkAhead(
+        300 + 2_000, 2, prefill_pairs=attention_pairs(0, 2_000))

@@ -82,7 +82,7 @@ class Simulator:
             left = req.target_s - self.model.overhead_s
             ahead = self._work_ahead(req, self.now - seen)
             if lane_of(req) != LANE_VIP:
-                ahead = self.vips.ahead_of(self.model, req.prompt, ahead, left, self.now)
+                ahead = self.vips.ahead_of(ahead, left, self.now)
             check = F.judge(self.model, req.prompt, ahead, left, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
                             margin=d.deadline_margin, slowdown=d.slowdown)
