@@ -31,7 +31,8 @@ def slo_tests(spec: SLOSpec, config: RuleConfig) -> list[dict]:
     tests, seen = [], set()
     for slo in spec.slos:
         labels = slo_labels(spec.service, slo)
-        tests += [f(slo, labels, config.job) for f in (_recordings, _period, _all_good, _idle)]
+        tests += [f(slo, labels, config.job)
+                  for f in (_recordings, _fleet, _period, _all_good, _idle)]
         if (slo.objective, slo.window_s) not in seen:
             seen.add((slo.objective, slo.window_s))
             alerts = burn_alerts(slo, labels, config)
@@ -40,9 +41,10 @@ def slo_tests(spec: SLOSpec, config: RuleConfig) -> list[dict]:
     return tests
 
 
-def _counter(job: str, slo: SLO, bucket: str, result: str, increments: list[float]) -> dict:
+def _counter(job: str, slo: SLO, bucket: str, result: str, increments: list[float],
+             **instance: str) -> dict:
     name = series(R.SLO_REQUESTS.prom_name, job,
-                  **{R.LABEL_SLO: slo.name, R.LABEL_CONTEXT_BUCKET: bucket,
+                  **{**instance, R.LABEL_SLO: slo.name, R.LABEL_CONTEXT_BUCKET: bucket,
                      R.LABEL_RESULT: result})
     return {"series": name, "values": counter_values(increments)}
 
@@ -77,6 +79,21 @@ def _recordings(slo: SLO, labels: dict, job: str) -> dict:
         _sample(R.RECORD_CURRENT_BURN_RATE, labels, ratio / budget, **window),
     ]
     return {"name": f"{slo.name}: SLI, per-bucket SLI and metadata recordings",
+            "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
+
+
+def _fleet(slo: SLO, labels: dict, job: str) -> dict:
+    """Two replicas (seed 001's hot and cold paths, docs/deployment.md): one all bad at
+    1/s, one all good at 3/s; the SLI is the fleet's, 1 bad in 4, with no instance."""
+    b0 = R.CONTEXT_BUCKETS[0]
+    inputs = [_counter(job, slo, b0, R.RESULT_BAD, [PER_SECOND] * 10, instance="hot:8001"),
+              _counter(job, slo, b0, R.RESULT_GOOD, [3 * PER_SECOND] * 10,
+                       instance="cold:8002")]
+    window = {R.LABEL_SLOTH_WINDOW: SHORT}
+    tests = [_sample(R.RECORD_SLI_ERROR.format(SHORT), labels, 0.25, **window),
+             _sample(R.RECORD_SLI_ERROR_BY_BUCKET.format(SHORT), labels, 0.25, **window,
+                     **{R.LABEL_CONTEXT_BUCKET: b0})]
+    return {"name": f"{slo.name}: the SLI of two replicas is the fleet's",
             "interval": "1m", "input_series": inputs, "promql_expr_test": tests}
 
 

@@ -246,18 +246,22 @@ class Admission:
         that it moves to the batch lane, and the realtime lane keeps only requests that
         still can."""
         deadline = None if target is None else rec.arrival + target
-        rank = self._rank(rec, prompt_tokens, d)
+        rank, began = self._rank(rec, prompt_tokens, d), time.monotonic()
         if d.deadline_margin is not None and target is not None \
                 and lane == R.PRIORITY_REALTIME:
             own = F.prefill_s(self.engine_model.model, prompt_tokens, 0)
-            left = target - (time.monotonic() - rec.arrival) - own
-            try:
-                await self.limiter.acquire(lane, max(0.0, left), prompt_tokens, deadline, rank)
-                return
-            except LimiterTimeout:
-                rec.priority = lane = R.PRIORITY_BATCH
-                rec.policy_actions.append("demote:deadline")
-        await self.limiter.acquire(lane, tokens=prompt_tokens, deadline=deadline, rank=rank)
+            left = target - (began - rec.arrival) - own
+            if left < self.limiter.max_wait_s:  # else the wait bound comes first: a 503
+                try:
+                    await self.limiter.acquire(lane, max(0.0, left), prompt_tokens, deadline,
+                                               rank)
+                    return
+                except LimiterTimeout:
+                    rec.priority = lane = R.PRIORITY_BATCH
+                    rec.policy_actions.append("demote:deadline")
+        waited = time.monotonic() - began  # one wait bound for the whole wait
+        await self.limiter.acquire(lane, max(0.0, self.limiter.max_wait_s - waited),
+                                   prompt_tokens, deadline, rank)
 
     @staticmethod
     def _rank(rec: RequestRecord, prompt_tokens: int, d: Decisions) -> int:

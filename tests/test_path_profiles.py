@@ -5,6 +5,7 @@ its 503; and `tailguard nginx`'s config (golden file, refusals in one line)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,29 @@ def test_a_request_refused_for_a_full_queue_is_a_503_the_tenants_count_as_shed()
     assert rec.policy_actions == ["reject:queue_full"] and pending == 0
     rec.fail(503, "queue_full", refusal.message, R.STATUS_REJECTED)
     assert outcome(rec) == OUTCOME_SHED
+
+
+@pytest.mark.parametrize("target_s,actions", [
+    (10.0, []),  # the wait bound (0.2 s) comes before the deadline: refused, not demoted
+    (0.1, ["demote:deadline"]),  # the deadline first: demoted, then the rest of the bound
+])
+def test_the_wait_bound_holds_for_the_whole_wait_demoted_or_not(target_s, actions):
+    async def scenario():
+        service = PredictionService(None, None, retrain_interval_s=0)
+        adm = Admission(LoadTracker(EngineSecond()), service, Limiter(1, max_wait_s=0.2),
+                        FaultInjector(), lambda tokens: target_s)
+        adm.publish(Decisions(1, deadline_margin=1.0))
+        for _ in range(1000):  # slots came free fast lately: the deadline check admits
+            await adm.limiter.acquire(R.PRIORITY_REALTIME)
+            adm.limiter.release()
+        await adm.limiter.acquire(R.PRIORITY_REALTIME)  # the one slot, never freed now
+        rec = RequestRecord("r", time.monotonic(), "text_completion")
+        began = time.monotonic()
+        refusal = await adm.admit(rec, {"prompt_token_ids": [1] * 10}, 10, 4)
+        return refusal, rec.policy_actions, time.monotonic() - began
+    refusal, got, waited = asyncio.run(scenario())
+    assert (refusal.reason, refusal.status) == ("admission_timeout", 503)
+    assert got == actions and 0.2 <= waited < 0.35
 
 
 def test_the_nginx_config_is_the_committed_example():
