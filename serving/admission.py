@@ -39,9 +39,9 @@ from slo.sim.lanes import LANE_VIP, kv_reserved_from, lane_of
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Admission's no: why (the row's error type: `shed`, `engine_restarting`,
-    `admission_timeout`, `queue_full`, `deadline`), what to tell the client, when it may come back,
-    and the HTTP status (503: the server cannot serve now; 429: this request cannot
-    be served in time now, come back later)."""
+    `admission_timeout`, `queue_full`, `deadline`), what to tell the client, when it may
+    come back, and the HTTP status (503: the server cannot serve now; 429: this request
+    cannot be served in time now, come back later)."""
 
     reason: str
     message: str
@@ -253,9 +253,7 @@ class Admission:
             left = target - (began - rec.arrival) - own
             if left < self.limiter.max_wait_s:  # else the wait bound comes first: a 503
                 try:
-                    await self.limiter.acquire(lane, max(0.0, left), prompt_tokens, deadline,
-                                               rank)
-                    return
+                    return await self.limiter.acquire(lane, left, prompt_tokens, deadline, rank)
                 except LimiterTimeout:
                     rec.priority = lane = R.PRIORITY_BATCH
                     rec.policy_actions.append("demote:deadline")
@@ -265,8 +263,7 @@ class Admission:
 
     @staticmethod
     def _rank(rec: RequestRecord, prompt_tokens: int, d: Decisions) -> int:
-        """Its place in its lane before deadlines: its length class while the lanes are
-        ordered short class first, else 0 for all."""
+        """Its length class while lanes serve short first (before deadlines), else 0."""
         if not d.length_class_order or rec.length_bounds is None:
             return 0
         return class_of(prompt_tokens, rec.length_bounds)

@@ -17,6 +17,7 @@ from dashboards.grafana.panels import (
 from dashboards.grafana.promql import (
     QUANTILES,
     bucket_counts,
+    gauge,
     matchers,
     percentile_legend,
     mean,
@@ -102,3 +103,7 @@ def _context_lengths(board: Board) -> None:
     board.add(graph("Requests per second by context bucket", R.REQUESTS.description,
                     "reqps", queries((rate(R.REQUESTS, (BUCKET,), SELECTED),
                                       legend_of(BUCKET)))), width=24)
+    bounds = R.LENGTH_CLASS_BOUND  # seed 000: re-bucketed every 5 s from p25 / p75
+    board.add(graph("Length-class boundaries (seed 000)", bounds.description,
+                    unit_of(bounds), queries((gauge(bounds, ("instance", R.LABEL_BOUND)),
+                                              "{{bound}} {{instance}}"))))
