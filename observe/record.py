@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from observe.registry import PRIORITY_REALTIME, STATUS_OK, batch_bucket, context_bucket
+from observe.registry import (
+    BATCH_BUCKET_BOUNDS,
+    PRIORITY_REALTIME,
+    STATUS_OK,
+    batch_bucket,
+    context_bucket,
+)
 from observe.stats import EngineTimes, SamplingTally, WallClock
 
 
@@ -104,9 +110,7 @@ class RequestRecord:
 
     @property
     def batch_bucket(self) -> str:
-        if self.length_bounds is None:
-            return batch_bucket(self.prompt_tokens)
-        return batch_bucket(self.prompt_tokens, self.length_bounds)
+        return batch_bucket(self.prompt_tokens, self.length_bounds or BATCH_BUCKET_BOUNDS)
 
     @property
     def e2e_s(self) -> float | None:

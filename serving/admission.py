@@ -198,8 +198,7 @@ class Admission:
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):
             booked = self.retries.work_due(now, deadline)
-        ahead = replace(base, prefill_tokens=base.prefill_tokens + booked[0],
-                        prefill_pairs=base.prefill_pairs + booked[1])
+        ahead = base.with_prefill(*booked)
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
         else:  # VIPs coming before its deadline go ahead of it

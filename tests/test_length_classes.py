@@ -20,16 +20,9 @@ from serving.guard.live_predictor import PredictionService
 from serving.limiter import Limiter
 from slo.policy.conditions import PolicyConfig
 from slo.policy.decisions import Decisions
-from slo.policy.length_classes import LengthClasses, class_of, percentile, rebucket
+from slo.policy.length_classes import LengthClasses, class_of, rebucket
 
 RT = R.PRIORITY_REALTIME
-
-
-@pytest.mark.parametrize("values", [[5], [1, 2], [3, 1, 2, 10], list(range(0, 1000, 7)),
-                                    [100, 100, 100, 4000, 37, 512, 256, 257]])
-@pytest.mark.parametrize("q", [0, 25, 50, 75, 100])
-def test_the_percentile_is_numpys_linear_one(values, q):
-    assert percentile(sorted(values), q) == pytest.approx(np.percentile(values, q))
 
 
 @pytest.mark.parametrize("case,bounds,lengths,expected", [

@@ -34,7 +34,7 @@ The rule, in order:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from slo.sim.engine_model import EngineModel, attention_pairs
@@ -62,6 +62,14 @@ class WorkAhead:
     # KV-cache room (tokens) once the step in progress has its chunk; None: not known
     kv_free_tokens: int | None = None
     kv_free_rate: float = 0.0  # KV tokens that ending requests freed a second, lately
+
+    def with_prefill(self, tokens: int, pairs: int) -> WorkAhead:
+        """The same, with `tokens` more prompt tokens (holding `pairs` attention pairs)
+        to prefill ahead: booked retries, VIPs still to come."""
+        if not tokens:
+            return self
+        return replace(self, prefill_tokens=self.prefill_tokens + tokens,
+                       prefill_pairs=self.prefill_pairs + pairs)
 
 
 @dataclass(frozen=True, slots=True)

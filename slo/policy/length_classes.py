@@ -22,20 +22,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Final
 
+import numpy as np
+
 from observe.registry import BATCH_BUCKET_BOUNDS
 
 WINDOW_S: Final = 5.0
 MAX_MOVE: Final = 0.2
 MIN_SAMPLES: Final = 8
 CLASS_NAMES: Final = ("short", "medium", "long")
-
-
-def percentile(sorted_values: list[int], q: float) -> float:
-    """numpy's default (linear) percentile of an ascending list, q in [0, 100]."""
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def clamped(current: int, target: float, max_move: float = MAX_MOVE) -> int:
@@ -48,9 +42,9 @@ def rebucket(bounds: tuple[int, int], lengths: list[int],
              max_move: float = MAX_MOVE) -> tuple[int, int]:
     """The seed's rule: the window's p25 and p75, each clamped to +-`max_move` of the
     boundary it replaces; the high boundary stays above the low one."""
-    ordered = sorted(lengths)
-    low = clamped(bounds[0], percentile(ordered, 25), max_move)
-    high = clamped(bounds[1], percentile(ordered, 75), max_move)
+    p25, p75 = np.percentile(lengths, (25, 75))  # as the seed computes them
+    low = clamped(bounds[0], float(p25), max_move)
+    high = clamped(bounds[1], float(p75), max_move)
     return low, max(high, low + 1)
 
 
@@ -100,6 +94,3 @@ class LengthClasses:
         self._lengths.clear()
         behind = math.floor((now - self._window_end) / self.window_s) + 1
         self._window_end += behind * self.window_s
-
-    def class_of(self, tokens: int) -> int:
-        return class_of(tokens, self.bounds)

@@ -23,7 +23,7 @@ runs without either. The server (`serving.admission`) and the simulator
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Final
 
 from slo.policy import feasibility as F
@@ -62,11 +62,7 @@ class VipStream:
 
     def ahead_of(self, ahead: F.WorkAhead, left_s: float, now: float) -> F.WorkAhead:
         """`ahead` plus the VIP work expected before a newcomer's deadline, `left_s` away."""
-        tokens, pairs = self.expected(left_s, now)
-        if not tokens:
-            return ahead
-        return replace(ahead, prefill_tokens=ahead.prefill_tokens + tokens,
-                       prefill_pairs=ahead.prefill_pairs + pairs)
+        return ahead.with_prefill(*self.expected(left_s, now))
 
     def _forget(self, now: float) -> None:
         while self._arrivals and self._arrivals[0][0] <= now - self.window_s:
