@@ -45,7 +45,7 @@ PARTITION_COLUMNS: Final = (("date", "DATE"), ("instance", "VARCHAR"))
 ROTATIONS: Final = TableSpec("archive_rotations", (
     ("rotation_id", "VARCHAR"), ("instance", "VARCHAR"), ("archive_dir", "VARCHAR"),
     ("before_ts", "TIMESTAMPTZ"), ("finished_ts", "TIMESTAMPTZ"), ("rows", "BIGINT"),
-))
+), key=("rotation_id",))
 _INFLIGHT: Final = re.compile(r"^_inflight-(?P<rid>[0-9TZ]+-[0-9a-f]+)-(?P<i>\d+)\.tmp$")
 _UNSAFE: Final = re.compile(r"[^A-Za-z0-9._-]+")
 _ROWS_PER_BATCH: Final = 65_536

@@ -89,23 +89,42 @@ def _roll_back(conn: duckdb.DuckDBPyConnection) -> None:
 
 def query_file(path: str | Path, sql: str, params: Any = None, max_rows: int = 10_000,
                timeout_s: float = 10.0) -> QueryResult:
-    """Query a trace-log file that no server holds, read-only."""
+    """Query a trace-log file that no server holds, read-only. Rows a killed server
+    left in the file's spool are loaded into it first (a writer's open does that)."""
     check_read_only(sql)  # refuse bad SQL before touching the file
     if not Path(path).exists():
         raise QueryError(f"no trace log at {path}")
+    _load_spool(path)
     try:
         conn = duckdb.connect(str(path), read_only=True,
                               config={"enable_external_access": False})
     except duckdb.Error as exc:
-        if "lock" in str(exc).lower():
-            raise QueryError(f"{path} is held by a running tailguard server; "
-                             "query through it with --url") from None
-        raise QueryError(f"cannot open {path}: {exc}") from None
+        _refuse_open(path, exc)
     try:
         conn.execute("SET TimeZone = 'UTC'")  # as the server's own query sessions
         return execute_read_only(conn, sql, params, max_rows, timeout_s)
     finally:
         conn.close()
+
+
+def _load_spool(path: str | Path) -> None:
+    from observe.tracelog.spool import SPOOL_SUFFIX  # the trace-log package imports us
+    from observe.tracelog.store import load_spool
+
+    spool = Path(f"{path}{SPOOL_SUFFIX}")
+    if not spool.is_file() or spool.stat().st_size == 0:
+        return
+    try:
+        load_spool(str(path))
+    except duckdb.Error as exc:
+        _refuse_open(path, exc)
+
+
+def _refuse_open(path: str | Path, exc: duckdb.Error) -> None:
+    if "lock" in str(exc).lower():
+        raise QueryError(f"{path} is held by a running tailguard server; "
+                         "query through it with --url") from None
+    raise QueryError(f"cannot open {path}: {exc}") from None
 
 
 # --- output --------------------------------------------------------------------------

@@ -47,11 +47,16 @@ log = logging.getLogger(__name__)
 class TableSpec:
     name: str
     columns: tuple[tuple[str, str], ...]  # (column name, DuckDB type), in file order
+    # Columns that tell one row from every other: how a spool frame is found already
+    # loaded after a crash (observe/tracelog/spool.py).
+    key: tuple[str, ...] = ()
     column_names: tuple[str, ...] = field(init=False)
     arrow_schema: pa.Schema = field(init=False)
 
     def __post_init__(self) -> None:
         names = tuple(name for name, _ in self.columns)
+        if not self.key or not set(self.key) <= set(names):
+            raise ValueError(f"{self.name}: key {self.key} must name its columns")
         arrow = pa.schema([(name, ARROW_TYPES[sql_type]) for name, sql_type in self.columns])
         object.__setattr__(self, "column_names", names)
         object.__setattr__(self, "arrow_schema", arrow)
@@ -94,33 +99,33 @@ REQUESTS: Final = TableSpec("requests", (
     # Seed 000's length-class boundaries in force at admission (`batch_bucket` is the
     # class under them); NULL for a request refused before it was tokenized.
     ("length_class_low", "INTEGER"), ("length_class_high", "INTEGER"),
-))
+), key=("request_id", "arrival_ts"))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),
     ("request_id", "VARCHAR"), ("name", "VARCHAR"), ("start_ts", "TIMESTAMPTZ"),
     ("end_ts", "TIMESTAMPTZ"), ("duration_s", "DOUBLE"), ("attributes", "JSON"),
-))
+), key=("trace_id", "span_id"))
 ENGINE_STATS: Final = TableSpec("engine_stats", (
     ("ts", "TIMESTAMPTZ"), ("running", "INTEGER"), ("waiting", "INTEGER"),
     ("kv_cache_usage", "DOUBLE"), ("preemptions", "BIGINT"), ("prompt_tokens", "BIGINT"),
     ("generation_tokens", "BIGINT"), ("steps", "BIGINT"), ("mean_batch_size", "DOUBLE"),
     ("max_batch_size", "INTEGER"), ("mean_step_s", "DOUBLE"), ("mean_sampling_s", "DOUBLE"),
     ("finished", "BIGINT"), ("rss_bytes", "BIGINT"),
-))
+), key=("ts",))
 POLICY_EVENTS: Final = TableSpec("policy_events", (
     ("ts", "TIMESTAMPTZ"), ("policy", "VARCHAR"), ("from_state", "VARCHAR"),
     ("to_state", "VARCHAR"), ("reason", "VARCHAR"), ("details", "JSON"),
-))
+), key=("ts", "policy", "to_state"))
 OVERRIDES: Final = TableSpec("overrides", (
     ("policy", "VARCHAR"), ("mode", "VARCHAR"), ("reason", "VARCHAR"), ("actor", "VARCHAR"),
     ("created_ts", "TIMESTAMPTZ"), ("expires_ts", "TIMESTAMPTZ"),
-))
+), key=("policy", "created_ts"))
 
 # The live memory forecast as served, kept so it can be drawn against what happened.
 FORECASTS: Final = TableSpec("forecasts", (
     ("ts", "TIMESTAMPTZ"), ("target_ts", "TIMESTAMPTZ"), ("target", "VARCHAR"),
     ("horizon_s", "DOUBLE"), ("model", "VARCHAR"), ("value", "DOUBLE"),
-))
+), key=("ts", "target_ts", "target", "model"))
 
 TABLES: Final[dict[str, TableSpec]] = {
     spec.name: spec for spec in (REQUESTS, SPANS, ENGINE_STATS, POLICY_EVENTS, OVERRIDES,

@@ -102,7 +102,7 @@ def test_a_bad_number_is_a_value_error_naming_the_variable(monkeypatch):
 
 
 def test_the_trace_flush_interval_treats_empty_as_a_mistake(monkeypatch):
-    from observe.tracelog_setup import TraceLogConfig
+    from observe.tracelog.setup import TraceLogConfig
 
     monkeypatch.setenv(TAILGUARD_TRACE_FLUSH_S, "")
     with pytest.raises(ValueError) as caught:

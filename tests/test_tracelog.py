@@ -25,7 +25,7 @@ from observe.schema import REQUESTS, TABLES, create_schema
 from observe.settings import TAILGUARD_TRACE_FLUSH_S as FLUSH_INTERVAL_ENV
 from observe.settings import TAILGUARD_TRACE_MEMORY as MEMORY_LIMIT_ENV
 from observe.tracelog import TraceLog
-from observe.tracelog_setup import DEFAULT_MEMORY_LIMIT, TraceLogConfig
+from observe.tracelog.setup import DEFAULT_MEMORY_LIMIT, TraceLogConfig
 
 UTC = timezone.utc
 ARRIVAL = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
@@ -169,6 +169,8 @@ def test_the_background_thread_flushes_within_the_interval(monkeypatch):
     monkeypatch.delenv(FLUSH_INTERVAL_ENV, raising=False)
     with TraceLog() as log:
         assert log.config.flush_interval_s == 1.0
+        assert log.config.load_interval_s == 10.0  # into DuckDB every ten flushes
+    with TraceLog(flush_interval_s=0.02) as log:
         log.add("requests", {"request_id": "a"})
         assert log.stats()["rows_written"]["requests"] == 0
         # Bounded wait, not a timing assertion: the machine is shared and noisy.
@@ -183,24 +185,34 @@ def test_a_full_buffer_wakes_the_flusher_before_the_interval():
         assert log.stats()["flushes"] == 1
 
 
-def test_periodic_tables_wait_for_their_own_interval_and_explicit_flush_writes_them():
-    """engine_stats (one row a second) is written every ten flush intervals, not every
-    flush: an INSERT's fixed cost for one row was half of an idle server's CPU."""
+def test_flushes_spool_the_rows_and_loads_put_them_into_duckdb(db_path):
+    """Each flush makes its rows durable in the spool; DuckDB gets them every load
+    interval (an INSERT's fixed cost, once a second, was most of a light server's
+    trace-log CPU), before any read, and at an explicit flush."""
     with TraceLog(flush_interval_s=0.05) as log:
-        assert log.config.periodic_flush_s == pytest.approx(0.5)
-    with TraceLog(flush_interval_s=0.02, periodic_flush_s=3600) as log:
-        log.add("engine_stats", {"running": 1})
+        assert log.config.load_interval_s == pytest.approx(0.5)
+    with TraceLog(db_path, flush_interval_s=0.02, load_interval_s=3600) as log:
+        log.add("engine_stats", {"ts": 1.7e9, "running": 1})
         log.add("requests", {"request_id": "a"})
-        wait_until(lambda: log.stats()["rows_written"]["requests"] == 1, timeout_s=10)
-        time.sleep(0.1)  # several more background flushes: none writes engine_stats
-        assert log.stats()["rows_written"]["engine_stats"] == 0
+        wait_until(lambda: log.stats()["rows_spooled"] == counts(requests=1, engine_stats=1),
+                   timeout_s=10)
+        time.sleep(0.1)  # several more background flushes: none loads
+        assert log.stats()["rows_written"] == counts()
+        assert log.stats()["pending_rows"] == 2
+        assert Path(db_path + ".spool").stat().st_size > 0
+        assert log.query("SELECT request_id FROM requests").rows == [("a",)]  # loads
+        assert log.stats()["rows_written"] == counts(requests=1, engine_stats=1)
+        assert log.stats()["rows_spooled"] == counts()
+        assert Path(db_path + ".spool").stat().st_size == 0
+        log.add("forecasts", {"ts": 1.7e9, "value": 0.5})
         assert log.flush()
-        assert log.stats()["rows_written"]["engine_stats"] == 1
-    with TraceLog(flush_interval_s=0.02, periodic_flush_s=0.1) as log:
+        assert log.stats()["rows_written"]["forecasts"] == 1
+    assert not Path(db_path + ".spool").exists()  # an empty spool goes at close
+    with TraceLog(flush_interval_s=0.02, load_interval_s=0.1) as log:
         log.add("forecasts", {"value": 0.5})
         wait_until(lambda: log.stats()["rows_written"]["forecasts"] == 1, timeout_s=10)
-    with pytest.raises(ValueError, match="periodic_flush_s must be > 0"):
-        TraceLogConfig(flush_interval_s=1.0, periodic_flush_s=0)
+    with pytest.raises(ValueError, match="load_interval_s must be > 0"):
+        TraceLogConfig(flush_interval_s=1.0, load_interval_s=0)
 
 
 def test_flush_interval_comes_from_argument_then_environment_then_default(monkeypatch):
@@ -255,6 +267,7 @@ def test_rows_beyond_the_pending_limit_are_dropped_and_counted():
             "rows_written": {**dict.fromkeys(TABLES, 0), "requests": 10},
             "rows_dropped": {**dict.fromkeys(TABLES, 0), "requests": 5},
             "flushes": 1, "last_flush_s": log.stats()["last_flush_s"], "pending_rows": 0,
+            "rows_spooled": dict.fromkeys(TABLES, 0),
         }
         assert log.stats()["last_flush_s"] > 0
 
@@ -278,7 +291,7 @@ class FailingDisk:
 
 def broken_log(path: str, **kw) -> tuple[TraceLog, FailingDisk]:
     log = TraceLog(path, flush_interval_s=3600, **kw)
-    disk = log._conn = FailingDisk(log._conn)
+    disk = log._store._conn = FailingDisk(log._store._conn)
     disk.error = duckdb.IOException('Could not write file "trace.duckdb": File too large')
     return log, disk
 
@@ -331,9 +344,9 @@ def test_kept_rows_count_against_the_pending_bound_and_the_newest_are_dropped(db
     assert log.stats()["rows_written"] == counts(requests=10)
 
 
-def test_rows_still_kept_at_close_are_counted_as_dropped(db_path, caplog):
-    log = TraceLog(db_path, flush_interval_s=3600)
-    log._conn.close()  # the file goes away under the writer for good
+def test_rows_still_kept_at_close_are_counted_as_dropped(caplog):
+    log = TraceLog(flush_interval_s=3600)  # in memory: no spool
+    log._conn.close()  # the database goes away under the writer for good
     with caplog.at_level(logging.ERROR, logger="observe.tracelog"):
         for _ in range(3):
             log.add("requests", {"request_id": "lost"})
@@ -346,11 +359,33 @@ def test_rows_still_kept_at_close_are_counted_as_dropped(db_path, caplog):
     assert log.stats()["rows_dropped"] == counts(requests=3, spans=3)
     assert log.stats()["pending_rows"] == 0
     assert [r.getMessage() for r in caplog.records] == [
-        f"trace log {db_path}: write failed, keeping rows in memory until it recovers: "
+        "trace log :memory:: write failed, keeping rows in memory until it recovers: "
         "ConnectionException: Connection Error: Connection already closed!",
-        f"trace log {db_path}: closed while writes fail; 6 rows lost"]
+        "trace log :memory:: closed while writes fail; 6 rows lost, 0 left in the spool "
+        "for the next open"]
     log.add("requests", {"request_id": "late"})  # after close: counted, not raised
     assert log.stats()["rows_dropped"]["requests"] == 4
+
+
+def test_rows_spooled_when_duckdb_fails_at_close_are_loaded_by_the_next_open(db_path,
+                                                                             caplog):
+    log = TraceLog(db_path, flush_interval_s=3600)
+    log._conn.close()
+    for i in range(3):
+        log.add("requests", {"request_id": f"r{i}", "arrival_ts": 1.7e9 + i})
+        log.add("spans", {"span_id": f"s{i}", "trace_id": "t"})
+        assert log.flush() is False
+    with caplog.at_level(logging.ERROR, logger="observe.tracelog"):
+        log.close()
+    assert log.stats()["rows_dropped"] == counts()
+    assert caplog.records[-1].getMessage() == (
+        f"trace log {db_path}: closed while writes fail; 0 rows lost, 6 left in the spool "
+        "for the next open")
+    with TraceLog(db_path) as again:
+        assert again.stats()["rows_written"] == counts(requests=3, spans=3)
+        assert again.query("SELECT request_id FROM requests ORDER BY 1").rows == [
+            ("r0",), ("r1",), ("r2",)]
+    assert not Path(db_path + ".spool").exists()
 
 
 def test_a_batch_duckdb_refuses_for_its_content_is_dropped_not_retried(db_path, caplog):
@@ -411,8 +446,9 @@ def test_a_real_file_size_limit_keeps_rows_and_the_retry_duplicates_nothing(
     assert out["after"]["rows_written"] == counts(requests=40_000, spans=40_000)
     assert out["after"]["rows_dropped"] == counts()
     assert "File too large" in done.stderr
-    assert done.stderr.count("write failed") == 1
-    assert done.stderr.count("writes recovered") == 1
+    for sink in ("write", "spool write"):  # one line a failure streak, one a recovery
+        assert done.stderr.count(f"{db_path}: {sink} failed") == 1, done.stderr[-2000:]
+        assert done.stderr.count(f"{db_path}: {sink}s recovered") == 1
     assert read_all(db_path, "SELECT count(*), count(DISTINCT request_id), "
                              "sum(prompt_tokens) FROM requests") == [
         (40_000, 40_000, 2 * 199_990_000)]

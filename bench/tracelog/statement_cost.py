@@ -4,7 +4,7 @@ made of, and what two ways of cutting it would save (issue 20).
 A saturated server here finishes about 44 requests a second: one `requests` row each
 and about 330 `spans` rows a second (phases and engine steps). Each variant writes
 40 seconds' worth of such rows into a trace-log file with the writer's own code
-(`observe.schema.arrow_batches`, the INSERT of `observe.tracelog_setup.insert_sql`) and
+(`observe.schema.arrow_batches`, the INSERT of `observe.tracelog.setup.insert_sql`) and
 reports the calling thread's CPU per second of rows:
 - `now`: one INSERT per table a second, each its own transaction (what the writer does);
 - `one_transaction`: the same INSERTs inside one BEGIN ... COMMIT a second;
@@ -28,7 +28,7 @@ import time
 import pyarrow as pa
 
 from observe.schema import TABLES, arrow_batches
-from observe.tracelog_setup import BATCH_VIEW, insert_sql, open_writer
+from observe.tracelog.setup import BATCH_VIEW, insert_sql, open_writer
 
 PER_SECOND = {"requests": 44, "spans": 330}
 SECONDS = 40

@@ -1,4 +1,4 @@
-"""Setting up the trace log (observe/tracelog.py): its configuration, resolved
+"""Setting up the trace log (observe/tracelog/writer.py): its configuration, resolved
 argument -> environment variable -> default and checked on construction, and its
 DuckDB file opened for writing, with the INSERT that each batch runs.
 """
@@ -16,10 +16,7 @@ from observe.schema import TableSpec, create_schema
 from observe.settings import TAILGUARD_TRACE_FLUSH_S, TAILGUARD_TRACE_MEMORY
 
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
-# Tables whose rows come at a steady pace whatever the load (one engine second a
-# second, one forecast every 15 s): written every `periodic_flush_s`, not every flush.
-PERIODIC_TABLES: Final = frozenset({"engine_stats", "forecasts"})
-PERIODIC_FLUSHES: Final = 10  # ... once every this many flush intervals (10 s by default)
+LOAD_FLUSHES: Final = 10  # spooled rows go into DuckDB once every this many flushes
 # DuckDB's default memory limit is 80% of RAM, and its buffer cache keeps the blocks
 # of a growing file: the server's RSS grew with the trace log (+25 MiB in a 10-minute
 # soak, without end). Cached blocks above the limit are evicted; big queries spill.
@@ -33,9 +30,9 @@ BATCH_VIEW: Final = "__tailguard_batch"
 class TraceLogConfig:
     flush_interval_s: float | None = None  # None: $TAILGUARD_TRACE_FLUSH_S, else 1.0
     max_buffer_rows: int = 50_000  # one table's buffer this full wakes the flusher
-    max_pending_rows: int = 1_000_000  # buffered + kept this many: new rows are dropped
+    max_pending_rows: int = 1_000_000  # this many not in DuckDB yet: new rows are dropped
     memory_limit: str | None = None  # None: $TAILGUARD_TRACE_MEMORY, else 512MB
-    periodic_flush_s: float | None = None  # None: PERIODIC_FLUSHES flush intervals
+    load_interval_s: float | None = None  # None: LOAD_FLUSHES flush intervals
 
     def __post_init__(self) -> None:
         if self.memory_limit is None:
@@ -48,10 +45,10 @@ class TraceLogConfig:
             self.flush_interval_s = settings.number(
                 TAILGUARD_TRACE_FLUSH_S, DEFAULT_FLUSH_INTERVAL_S,
                 complaint="{name} must be a number, got {raw!r}", blank_is_unset=False)
-        if self.periodic_flush_s is None:
-            self.periodic_flush_s = PERIODIC_FLUSHES * self.flush_interval_s
+        if self.load_interval_s is None:
+            self.load_interval_s = LOAD_FLUSHES * self.flush_interval_s
         for name in ("flush_interval_s", "max_buffer_rows", "max_pending_rows",
-                     "periodic_flush_s"):
+                     "load_interval_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
 

@@ -1,0 +1,172 @@
+"""Rows on their way into DuckDB: converted frames, the spool that makes them durable
+and the load that inserts them (the writer's thread drives it: observe/tracelog/writer.py).
+
+A frame is one table's rows of one flush, as Arrow batches. It is appended to the spool
+at once and inserted into DuckDB at the next load, one INSERT per table for every frame
+waiting; once nothing waits, the spool is emptied. Rows the spool cannot take (disk
+full, file too large) stay in memory and go first next time; rows DuckDB cannot take
+stay too (in the spool as well, if it took them). One INSERT is one DuckDB transaction:
+a failed one leaves no row behind and a retry duplicates nothing. A frame DuckDB
+refuses for its content is dropped alone; the frames beside it go in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Final
+
+import duckdb
+import pyarrow as pa
+
+from observe.schema import TABLES, TableSpec
+from observe.tracelog.setup import BATCH_VIEW, DEFAULT_MEMORY_LIMIT, insert_sql, open_writer
+from observe.tracelog.spool import Spool, log, spool_path, unloaded_frames
+
+# What a retry may cure (IOException, TransactionException on commit, OutOfMemory...);
+# anything else (a value DuckDB refuses) would fail the same way every time.
+_RETRYABLE: Final = (duckdb.OperationalError,)
+Count = Callable[[str, int], None]
+
+
+@dataclass(slots=True, eq=False)
+class Frame:
+    spec: TableSpec
+    batches: list[pa.RecordBatch]
+    rows: int
+    spooled: bool = False
+
+
+def load_spool(db_path: str) -> None:
+    """Load what a killed writer left in a file's spool, as a writer's open does: for a
+    reader about to open the file read-only (`tailguard query --db`, the console)."""
+    conn = open_writer(db_path, DEFAULT_MEMORY_LIMIT)
+    try:
+        store = FrameStore(conn, db_path, written=_uncounted, dropped=_uncounted)
+        store.load()
+        store.close()
+    finally:
+        conn.close()
+
+
+def _uncounted(table: str, rows: int) -> None:
+    pass
+
+
+class FrameStore:
+    """The frames not in DuckDB yet, oldest first, and the spool; not thread-safe (the
+    writer calls it under its flush lock). `written` and `dropped` count rows out."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection, db_path: str, written: Count,
+                 dropped: Count) -> None:
+        self._conn, self._db_path = conn, db_path
+        self._written, self._dropped = written, dropped
+        self._insert_sql = {name: insert_sql(spec) for name, spec in TABLES.items()}
+        self._failing: set[str] = set()  # "spool", "load": one log line a failure streak
+        self.frames: list[Frame] = []
+        self.spool: Spool | None = None
+        if (path := spool_path(db_path)) is not None:
+            self.frames = [Frame(spec, batches, rows, spooled=True)
+                           for spec, batches, rows in unloaded_frames(conn, path)]
+            self.spool = Spool(path)
+        self.spooled: dict[str, int] = {}  # rows by table durable in the spool, not in DuckDB
+        self._count_spooled()
+
+    def rows(self) -> int:
+        return sum(frame.rows for frame in self.frames)
+
+    def _count_spooled(self) -> None:
+        spooled = dict.fromkeys(TABLES, 0)
+        for frame in self.frames:
+            if frame.spooled:
+                spooled[frame.spec.name] += frame.rows
+        self.spooled = spooled  # one assignment: stats() reads it from other threads
+
+    def add(self, spec: TableSpec, batches: list[pa.RecordBatch], rows: int) -> None:
+        self.frames.append(Frame(spec, batches, rows))
+
+    def spool_new(self) -> bool:
+        """Append every frame not in the spool yet; False when the spool refused them."""
+        fresh = [frame for frame in self.frames if not frame.spooled]
+        if self.spool is None or not fresh:
+            return True
+        try:
+            self.spool.append((frame.spec.name, frame.batches) for frame in fresh)
+        except OSError as exc:  # disk full, file too large: keep the rows in memory
+            self._failure("spool", exc, "keeping rows in memory until it recovers")
+            return False
+        for frame in fresh:
+            frame.spooled = True
+        self._count_spooled()
+        self._recovered("spool")
+        return True
+
+    def load(self) -> bool:
+        """Insert every frame, one INSERT per table; empty the spool once nothing is
+        left. False when a table's INSERT failed: its frames and later tables' wait."""
+        for spec in TABLES.values():
+            frames = [frame for frame in self.frames if frame.spec is spec]
+            if frames and not self._load_table(spec, frames):
+                return False
+        if self.spool is not None:
+            self.spool.clear()
+        return True
+
+    def _load_table(self, spec: TableSpec, frames: list[Frame]) -> bool:
+        """Insert `frames` in one transaction; False when they are kept for a retry."""
+        rows = sum(frame.rows for frame in frames)
+        try:
+            self._insert(spec, [batch for frame in frames for batch in frame.batches])
+        except _RETRYABLE as exc:  # disk full, file too large, read-only: keep the rows
+            self._failure("load", exc, "keeping rows in memory until it recovers")
+            return False
+        except Exception as exc:  # a value DuckDB refuses: a retry would fail the same
+            if len(frames) > 1:  # find the frame it refuses; the others go in
+                return all(self._load_table(spec, [frame]) for frame in frames)
+            self._forget(frames)
+            self._dropped(spec.name, rows)
+            self._failure("load", exc, f"dropped {rows} {spec.name} rows")
+            return True
+        self._forget(frames)  # before counting them written: stats() never sees them twice
+        self._written(spec.name, rows)
+        self._recovered("load")
+        return True
+
+    def _forget(self, frames: list[Frame]) -> None:
+        gone = set(map(id, frames))
+        self.frames = [frame for frame in self.frames if id(frame) not in gone]
+        self._count_spooled()
+
+    def _insert(self, spec: TableSpec, batches: list[pa.RecordBatch]) -> None:
+        reader = pa.RecordBatchReader.from_batches(spec.arrow_schema, batches)
+        self._conn.register(BATCH_VIEW, reader)
+        try:
+            self._conn.execute(self._insert_sql[spec.name])
+        finally:
+            self._conn.unregister(BATCH_VIEW)
+
+    def give_up(self) -> tuple[int, int]:
+        """At a close while writes fail: count the frames the spool never took as
+        dropped. Returns (rows lost, rows left in the spool for the next open)."""
+        lost = [frame for frame in self.frames if not frame.spooled]
+        for frame in lost:
+            self._dropped(frame.spec.name, frame.rows)
+        kept = self.rows() - sum(frame.rows for frame in lost)
+        self.frames = []
+        return sum(frame.rows for frame in lost), kept
+
+    def close(self) -> None:
+        if self.spool is not None:
+            self.spool.close()
+
+    def _failure(self, sink: str, exc: Exception, what: str) -> None:
+        if sink not in self._failing:  # one line per failure streak, not one per flush
+            self._failing.add(sink)
+            log.error("trace log %s: %s failed, %s: %s: %s", self._db_path,
+                      "write" if sink == "load" else "spool write", what,
+                      type(exc).__name__, exc)
+
+    def _recovered(self, sink: str) -> None:
+        if sink in self._failing:
+            self._failing.discard(sink)
+            log.warning("trace log %s: %s recovered", self._db_path,
+                        "writes" if sink == "load" else "spool writes")

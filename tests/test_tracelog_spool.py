@@ -1,0 +1,111 @@
+"""The trace log's spool: a flush's rows are durable before DuckDB has them, a writer
+that opens the file loads what a killed one left, and nothing is written twice."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from observe.query import query_file
+from observe.schema import TABLES
+from observe.tracelog import TraceLog
+from observe.tracelog.spool import Spool, read_spool
+
+KILLED_CHILD = r"""
+import os, signal, sys
+from observe.tracelog import TraceLog
+log = TraceLog(sys.argv[1], flush_interval_s=3600, load_interval_s=3600)
+for i in range(50):
+    log.add("requests", {"request_id": f"r{i}", "arrival_ts": 1.7e9 + i})
+    log.add("spans", {"trace_id": f"t{i}", "span_id": "s", "name": "llm.request"})
+assert log.flush()  # the first half goes into DuckDB
+for i in range(50, 80):
+    log.add("requests", {"request_id": f"r{i}", "arrival_ts": 1.7e9 + i})
+log._flush(load=False)  # the second half only reaches the spool
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return str(tmp_path / "trace.duckdb")
+
+
+def read_all(path: str, sql: str) -> list[tuple]:
+    with duckdb.connect(path, read_only=True) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def test_rows_a_killed_writer_spooled_are_there_after_the_next_open(db_path):
+    done = subprocess.run([sys.executable, "-c", KILLED_CHILD, db_path],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert read_all(db_path, "SELECT count(*) FROM requests") == [(50,)]  # DuckDB alone
+    assert [(name, t.num_rows) for name, t in read_spool(db_path + ".spool")] == [
+        ("requests", 30)]
+    # The CLI's read of a file no server holds loads the spool first.
+    assert query_file(db_path, "SELECT count(*), count(DISTINCT request_id) "
+                               "FROM requests").rows == [(80, 80)]
+    assert not Path(db_path + ".spool").exists()
+    assert read_all(db_path, "SELECT count(*) FROM spans") == [(50,)]
+
+
+def test_a_crash_between_the_insert_and_emptying_the_spool_writes_nothing_twice(
+        db_path, monkeypatch):
+    monkeypatch.setattr(Spool, "clear", lambda self: None)  # the crash's window, held open
+    with TraceLog(db_path, flush_interval_s=3600) as log:
+        for i in range(5):
+            log.add("requests", {"request_id": f"r{i}", "arrival_ts": 1.7e9 + i})
+        assert log.flush()
+        log.add("requests", {"request_id": "late", "arrival_ts": 1.8e9})
+        log._flush(load=False)  # spooled after the load: not in DuckDB
+    # close() loaded "late" too; the spool still holds both frames, both loaded
+    assert [t.num_rows for _, t in read_spool(db_path + ".spool")] == [5, 1]
+    monkeypatch.undo()
+    with TraceLog(db_path) as again:
+        assert again.stats()["rows_written"]["requests"] == 0  # both found loaded
+    assert read_all(db_path, "SELECT count(*), count(DISTINCT request_id) FROM requests") \
+        == [(6, 6)]
+    assert not Path(db_path + ".spool").exists()
+
+
+def test_a_torn_last_frame_an_older_schema_and_an_unknown_table(db_path, caplog):
+    TraceLog(db_path).close()
+    spool = Spool(db_path + ".spool")
+    old = pa.record_batch([pa.array(["old"]), pa.array([3], pa.int32())],
+                          names=["request_id", "prompt_tokens"])  # before later columns
+    spool.append([("requests", [old]), ("no_such_table", [old])])
+    spool.close()
+    with open(db_path + ".spool", "ab") as f:  # a frame the kill cut short
+        f.write(b"\x08\x00\x00\x00\xff\xff\x00\x00\x00\x00\x00\x00requ")
+    with caplog.at_level(logging.ERROR, logger="observe.tracelog"):
+        TraceLog(db_path).close()
+    assert "skipped a frame of unknown table 'no_such_table'" in caplog.text
+    assert read_all(db_path, "SELECT request_id, prompt_tokens, client FROM requests") == [
+        ("old", 3, None)]
+
+
+def test_a_spool_append_that_fails_leaves_only_whole_frames(tmp_path):
+    spool = Spool(str(tmp_path / "x.spool"))
+    batch = pa.record_batch([pa.array(["a"])], names=["request_id"])
+    spool.append([("requests", [batch])])
+    size = spool.size
+    os.close(spool._fd)
+    spool._fd = os.open(os.devnull, os.O_RDONLY)  # every write fails now (EBADF)
+    with pytest.raises(OSError):
+        spool.append([("requests", [batch])])
+    assert Path(spool.path).stat().st_size == size
+    assert [(n, t.num_rows) for n, t in read_spool(spool.path)] == [("requests", 1)]
+
+
+def test_every_table_has_a_key_of_its_own_columns():
+    for spec in TABLES.values():
+        assert spec.key and set(spec.key) <= set(spec.column_names), spec.name
