@@ -227,7 +227,7 @@ class Runtime:
         self.warmup = self.warmup if restart else calls
         warmed = time.monotonic()
         handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
-                                                      self.admission), self._args)
+            self.admission, on_failure=self.guard.wake), self._args)
         log.info("engine up in %.1f s: start %.1f s, warm-up %.1f s, serving objects %.1f s",
                  time.monotonic() - began, started - began, warmed - started,
                  time.monotonic() - warmed)

@@ -208,15 +208,19 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
         assert gate["prefill_gate_tokens"] == budget and gate["waiting"] == 0, gate
         assert gate["engine_prefill_tokens"] > budget, gate
         assert gate["vip_kv_reserve_tokens"] is None and gate["kv_free_tokens"] > 0, gate
+        # A streamed Responses call is refused the same way, by status code: vLLM's
+        # handler has made its opening events, held until the engine would answer. Sent
+        # beside the plain one, not after it: on a fast CPU the flood's prefill is over
+        # within the plain request's round trip, and a request then is feasible.
+        streaming = pool.submit(
+            httpx.post, guarded.url + "/v1/responses", timeout=60,
+            headers={"Authorization": f"Bearer {PLAIN}"},
+            json={"model": "tailguard-tiny-llama", "stream": True, "input": "word " * 20,
+                  "max_output_tokens": 4})
         began = time.monotonic()
         late = complete(guarded, PLAIN)
         assert time.monotonic() - began < 1.0  # refused at once, not after a wait
-        # A streamed Responses call is refused the same way, by status code: vLLM's
-        # handler has made its opening events, held until the engine would answer.
-        streamed = httpx.post(guarded.url + "/v1/responses", timeout=60,
-                              headers={"Authorization": f"Bearer {PLAIN}"},
-                              json={"model": "tailguard-tiny-llama", "stream": True,
-                                    "input": "word " * 20, "max_output_tokens": 4})
+        streamed = streaming.result()
         vip = pool.submit(complete, guarded, VIP)
         assert late.status_code == 429, late.text
         assert 1 <= int(late.headers["retry-after"]) <= 120

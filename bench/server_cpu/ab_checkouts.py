@@ -7,6 +7,7 @@ with the degradation policies forced off on both. Make the older checkout with
 `git worktree add /tmp/base REV`; both run with this checkout's virtual environment.
 
     python -m bench.server_cpu.ab_checkouts /tmp/base . --rounds 5
+    python -m bench.server_cpu.ab_checkouts /tmp/base . --idle-only --idle-s 30
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ def serve(checkout: Path, tmp: Path):
     return url, server
 
 
-def one_round(url: str, pid: int, seed: int, tag: str) -> dict:
+def one_round(url: str, pid: int, seed: int, tag: str, idle_s: float = IDLE_S,
+              idle_only: bool = False) -> dict:
     model = str(ensure_model())
     cpu = C.process_cpu_s(pid)
-    time.sleep(IDLE_S)
-    out = {"idle": 1000 * (C.process_cpu_s(pid) - cpu) / IDLE_S}
+    time.sleep(idle_s)
+    out = {"idle": 1000 * (C.process_cpu_s(pid) - cpu) / idle_s}
+    if idle_only:
+        return out
     out["light"] = C.run(url, pid, NAME, model, C.light(1.0, 30), seed, f"{tag}l-")["cpu_ms"]
     sat = C.run(url, pid, NAME, model, C.saturate(16, 160), seed, f"{tag}s-")
     out["saturate"], out["tok_s"] = sat["cpu_ms"], sat["output_tok_s"]
@@ -60,6 +64,9 @@ def main() -> None:
     ap.add_argument("a", type=Path, help="checkout A (the baseline)")
     ap.add_argument("b", type=Path, help="checkout B")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--idle-only", action="store_true",
+                    help="measure only the idle CPU, over --idle-s a round")
+    ap.add_argument("--idle-s", type=float, default=IDLE_S)
     args = ap.parse_args()
     model = str(ensure_model())
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,7 +82,8 @@ def main() -> None:
             for r in range(args.rounds):
                 for side in SIDES if r % 2 == 0 else SIDES[::-1]:
                     url, server = running[side]
-                    rows[side].append(one_round(url, server.pid, r + 1, f"r{r + 1}"))
+                    rows[side].append(one_round(url, server.pid, r + 1, f"r{r + 1}",
+                                                args.idle_s, args.idle_only))
                     print({"round": r + 1, "side": side, **rows[side][-1]}, flush=True)
         finally:
             for _, server in running.values():
@@ -85,12 +93,15 @@ def main() -> None:
 
 
 def report(rows: dict[str, list[dict]]) -> None:
+    keys = [key for key in ("idle", "light", "saturate", "tok_s") if key in rows["A"][0]]
     print("\n| measure | A median | B median | B/A per round: median [min-max] |")
     print("|---|---:|---:|---:|")
     for key, label in (("idle", "idle CPU, ms a second"),
                        ("light", "CPU ms per request, light (1 req/s)"),
                        ("saturate", "CPU ms per request, saturation (16 clients)"),
                        ("tok_s", "output tokens/s, saturation")):
+        if key not in keys:
+            continue
         a, b = [r[key] for r in rows["A"]], [r[key] for r in rows["B"]]
         ratios = [y / x for x, y in zip(a, b) if x]
         print(f"| {label} | {statistics.median(a):.2f} | {statistics.median(b):.2f} | "

@@ -4,7 +4,8 @@ Starts `tailguard serve` (every default on, the loose SLO of the vs-vLLM benchma
 nothing is refused), drives it with vLLM's own benchmark client (a closed loop of
 short requests, as `bench/serving/vs_vllm.py` saturates), and records the server
 process (not the engine core, a child) with py-spy for `--duration` seconds once the
-load runs; then prints the top-N table (`bench/server_cpu/profile_top.py`).
+load runs (`--work light`: vs_vllm's light load, 1 req/s; `--work idle`: none); then
+prints the top-N table (`bench/server_cpu/profile_top.py`).
 
     python -m bench.server_cpu.profile_server --out /tmp/prof.txt --engine-arg=--dtype \
         --engine-arg=float32
@@ -35,6 +36,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="py-spy raw output")
     ap.add_argument("--duration", type=int, default=30)
     ap.add_argument("--concurrency", type=int, default=16)
+    ap.add_argument("--work", choices=("saturate", "light", "idle"), default="saturate",
+                    help="a closed loop (default), streamed requests at 1 req/s as "
+                         "vs_vllm's light load, or no request at all")
     ap.add_argument("--engine-arg", action="append", default=[])
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
@@ -49,10 +53,12 @@ def main() -> None:
                        dict(os.environ, TAILGUARD_ADMIN_TOKEN=TOKEN))
         try:
             # more than the server can finish while recorded (~20-40 req/s here)
-            work = C.saturate(args.concurrency, 60 * (args.duration + 10))
-            load = threading.Thread(target=_drive, args=(url, server.pid, work), daemon=True)
-            load.start()
-            time.sleep(5)  # the loop is full
+            work = {"saturate": C.saturate(args.concurrency, 60 * (args.duration + 10)),
+                    "light": C.light(1.0, args.duration + 10), "idle": None}[args.work]
+            if work is not None:
+                threading.Thread(target=_drive, args=(url, server.pid, work),
+                                 daemon=True).start()
+            time.sleep(5)  # the loop is full, or the start-up is over
             subprocess.run([py_spy, "record", "--pid", str(server.pid), "--duration",
                             str(args.duration), "--rate", "200", "--format", "raw",
                             "--output", str(args.out), "--nonblocking"], check=True,

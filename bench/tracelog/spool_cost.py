@@ -9,8 +9,9 @@ engine's second), added in ten slices a second as a server adds them, after 3 s 
 the same not measured (the first conversions and statements), then closed.
 It reports the CPU of the writer's thread (`tailguard-tracelog`) while fed, and of
 the whole process but the feeding thread until the log is closed (DuckDB's own
-threads and the close's last load count), in ms per second of rows. Sides alternate, order reversed every other round; every round is printed,
-then the medians, and B/A per round.
+threads and the close's last load count), in ms per second of rows. Sides alternate,
+order reversed every other round; every round is printed, then the medians, and B/A
+per round.
 
     git worktree add /tmp/base REV
     python -m bench.tracelog.spool_cost /tmp/base . --rounds 5

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Final
+from typing import Callable, Final
 
 MODES: Final = ("none", "slow", "stall", "error", "block_loop")
 MAX_BLOCK_S: Final = 10.0
@@ -55,6 +55,7 @@ class FaultInjector:
         self.enabled = enabled
         self.fault = Fault()
         self._cleared = asyncio.Event()
+        self.on_set: Callable[[], None] | None = None  # told of every new fault
 
     def set(self, mode: str, delay_s: float = 0.0, timeout_s: float = 60.0) -> Fault:
         if not self.enabled:
@@ -68,6 +69,8 @@ class FaultInjector:
             self._cleared.set()
         else:
             self._cleared = asyncio.Event()
+        if self.on_set is not None:
+            self.on_set()
         return self.fault
 
     @property

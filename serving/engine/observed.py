@@ -19,7 +19,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import psutil
 
@@ -57,7 +57,7 @@ class ObservedEngine:
     record: token counts, finish reason, first-token time and the engine's stamps."""
 
     def __init__(self, engine, ledger: StepLedger, clock: WallClock, admission=None,
-                 hang_s: float | None = None):
+                 hang_s: float | None = None, on_failure: Callable[[], None] | None = None):
         # imported here, once: vLLM loads with an engine, not with this module (a
         # `serve` that refuses its arguments must not wait for vLLM)
         from vllm.v1.engine.output_processor import RequestOutputCollector
@@ -69,6 +69,7 @@ class ObservedEngine:
         self._admission = admission
         self.hang_s = engine_hang_s() if hang_s is None else hang_s
         self.fault: str | None = None  # ENGINE_DEAD / ENGINE_HUNG once it failed
+        self._on_failure = on_failure  # the guard's wake-up: breaker L2 acts at once
         self.in_flight = 0  # engine requests between submission and their last output
         self._progress_at = time.monotonic()
         self._steps_seen = ledger.steps_seen
@@ -177,6 +178,8 @@ class ObservedEngine:
             self.fault = ENGINE_DEAD
         if self.fault is not None:
             self._outcomes.setdefault(rec.request_id, engine_failure(self.fault, self.hang_s))
+            if self._on_failure is not None:
+                self._on_failure()
 
     def outcome(self, owner: str) -> Refusal | EngineFailure | None:
         """Why HTTP request `owner`'s engine requests were cut short, once: admission
