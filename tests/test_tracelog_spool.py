@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pytest
 
@@ -18,6 +17,7 @@ from observe.query import query_file
 from observe.schema import TABLES
 from observe.tracelog import TraceLog
 from observe.tracelog.spool import Spool, read_spool
+from tests.test_tracelog import db_path, read_all  # noqa: F401 (a fixture)
 
 KILLED_CHILD = r"""
 import os, signal, sys
@@ -32,16 +32,6 @@ for i in range(50, 80):
 log._flush(load=False)  # the second half only reaches the spool
 os.kill(os.getpid(), signal.SIGKILL)
 """
-
-
-@pytest.fixture
-def db_path(tmp_path):
-    return str(tmp_path / "trace.duckdb")
-
-
-def read_all(path: str, sql: str) -> list[tuple]:
-    with duckdb.connect(path, read_only=True) as conn:
-        return conn.execute(sql).fetchall()
 
 
 def test_rows_a_killed_writer_spooled_are_there_after_the_next_open(db_path):
