@@ -23,7 +23,7 @@ def guard_with(faults: FaultInjector) -> Guard:
 
 async def seconds_until_tick(guard: Guard, poke) -> float:
     started = time.monotonic()
-    waiting = asyncio.create_task(guard._until_next_tick(None))
+    waiting = asyncio.create_task(guard._until_next_tick())
     await asyncio.sleep(0.05)
     poke()
     await waiting

@@ -86,7 +86,7 @@ class Guard:
 
     async def _run(self, runtime: GuardedServer) -> None:
         while True:
-            await self._until_next_tick(runtime)
+            await self._until_next_tick()
             self._safe_tick(runtime)
 
     def _safe_tick(self, runtime: GuardedServer) -> None:
@@ -104,7 +104,7 @@ class Guard:
         if self.engine.machines[P.BREAKER_L2].state != ACTIVE:
             self._woken.set()
 
-    async def _until_next_tick(self, runtime: GuardedServer) -> None:
+    async def _until_next_tick(self) -> None:
         """`TICK_S`, cut short by `wake()`."""
         try:
             await asyncio.wait_for(self._woken.wait(), TICK_S)
