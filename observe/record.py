@@ -98,6 +98,10 @@ class RequestRecord:
     # TTFT from arrival as the engine model estimated it at admission (deadline check;
     # unscaled by any slowdown): what breaker L1's off-model sign compares against.
     ttft_estimate_s: float | None = None
+    # The same estimate without the verdict's allowance for VIP work still to come (it
+    # counts VIPs over the whole time left, on purpose too many): the latency
+    # prediction's input, and what its calibration learns from.
+    ttft_expected_s: float | None = None
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
     client: str | None = None  # the API key's name, `anonymous` without keys; None: unknown

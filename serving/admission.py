@@ -136,10 +136,9 @@ class Admission:
                                                        check.truncate_to)
             if check is not None and check.action == F.BEST_EFFORT:
                 lane = self._best_effort(rec)
-            elapsed = time.monotonic() - rec.arrival
             rec.prediction = self.predictor.predict(
-                prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH, elapsed,
-                queue_ttft_s=None if check is None else check.ttft_s + elapsed)
+                prompt_tokens, max_tokens, load, rec.priority == R.PRIORITY_BATCH,
+                time.monotonic() - rec.arrival, queue_ttft_s=rec.ttft_expected_s)
         try:
             await self.faults.before_engine()
             await self._acquire(rec, lane, target, prompt_tokens, d)
@@ -198,7 +197,7 @@ class Admission:
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):
             booked = self.retries.work_due(now, deadline)
-        ahead = base.with_prefill(*booked)
+        expected = ahead = base.with_prefill(*booked)
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
         else:  # VIPs coming before its deadline go ahead of it
@@ -208,7 +207,9 @@ class Admission:
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
         if d.deadline_margin is None and check.action != F.ADMIT:
-            return F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
+            check = F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
+        served = check.truncate_to if check.action == F.TRUNCATE else prompt_tokens
+        rec.ttft_expected_s = now - rec.arrival + F.first_token_s(model, served, expected)
         if check.action == F.REFUSE:
             return replace(check, retry_after_s=self.retries.book(
                 rec.client, prompt_tokens, now,

@@ -15,12 +15,13 @@ from serving.admission import Admission, Refusal
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.load import LoadTracker
 from serving.engine.stats import EngineSecond
-from serving.guard.live_predictor import PredictionService
+from serving.guard.live_predictor import QUEUE_VERSION, PredictionService
 from serving.limiter import Limiter
 from slo.policy import conditions as P
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.vip_stream import VipStream
+from slo.predict.calibration import MIN_SAMPLES, PRIOR_P50
 from slo.sim.engine_model import EngineModel, attention_pairs
 from slo.sim.request import SimRequest
 from slo.sim.simulation import Simulator
@@ -105,3 +106,43 @@ def test_the_work_ahead_gains_the_vips_expected_in_the_time_left():
         stream.arrived(2_000, 10.0 - 0.1 * i)
     assert stream.ahead_of(F.WorkAhead(300, 2), 0.5, 10.0) == F.WorkAhead(
         300 + 2_000, 2, prefill_pairs=attention_pairs(0, 2_000))
+
+
+def _predicted(surge: bool) -> RequestRecord:
+    """A realtime request admitted with the deadline verdict off (estimated, never
+    refused), with or without a VIP surge in the last 5 s."""
+    service = PredictionService(None, None, retrain_interval_s=0)
+    adm = Admission(LoadTracker(EngineSecond()), service, Limiter(8), FaultInjector(),
+                    lambda tokens: 0.5)
+    adm.engine_model.set_engine_limits(2048, kv_capacity_tokens=10_000_000)
+    adm.publish(Decisions(8))
+    now = time.monotonic()
+    if surge:
+        for i in range(10):
+            adm.vips.arrived(20_000, now - 0.1 * i)
+    rec = RequestRecord("r", now, "text_completion", priority=R.PRIORITY_REALTIME)
+    asyncio.run(adm.admit(rec, {"prompt_token_ids": [1] * 10}, 10, 4))
+    return rec
+
+
+def test_the_prediction_leaves_out_the_verdicts_allowance_for_vips_to_come():
+    """The verdict counts VIPs over the whole time left, on purpose too many; the
+    latency prediction (and the calibration that learns from it) takes the estimate
+    without them: in the surge report that allowance alone raised the TTFT error."""
+    quiet, surge = _predicted(False), _predicted(True)
+    assert surge.ttft_estimate_s > quiet.ttft_estimate_s + 0.01  # 2,000 VIP tokens ahead
+    assert surge.ttft_expected_s == pytest.approx(quiet.ttft_expected_s, abs=2e-3)
+    assert quiet.ttft_expected_s == pytest.approx(quiet.ttft_estimate_s, abs=1e-6)
+    for rec in (quiet, surge):
+        assert rec.prediction.ttft_s == pytest.approx(
+            rec.ttft_expected_s * PRIOR_P50, rel=1e-9)
+        assert rec.prediction.version == QUEUE_VERSION
+
+
+def test_the_calibration_learns_from_the_expected_ttft():
+    service = PredictionService(None, None, retrain_interval_s=0)
+    for _ in range(MIN_SAMPLES):
+        rec = RequestRecord("r", 100.0, "text_completion")
+        rec.first_token, rec.ttft_expected_s, rec.ttft_estimate_s = 100.2, 0.1, 0.4
+        service.on_request(rec)
+    assert service.calibration.quantiles(0.1)[0] == pytest.approx(0.2)

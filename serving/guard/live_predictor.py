@@ -65,8 +65,10 @@ class PredictionService:
                 batch: bool, tokenize_s: float = 0.0,
                 queue_ttft_s: float | None = None) -> LatencyPrediction:
         """`queue_ttft_s`: the engine model's TTFT estimate (from arrival) made by the
-        deadline check. Until a trained model is live, TTFT comes from it, calibrated
-        online, rather than from the seed formula, which knows no queue."""
+        deadline check, without its allowance for VIPs still to come (the record's
+        `ttft_expected_s`: the calibration learns from the same). Until a trained model
+        is live, TTFT comes from it, calibrated online, rather than from the seed
+        formula, which knows no queue."""
         model = self.model  # one model for the whole prediction, even mid-swap
         max_tokens = max_tokens or 16
         ttft, ttft90, tpot, tpot90 = model.predict(
@@ -90,7 +92,7 @@ class PredictionService:
         off (interval 0), never two at once. Every served request also calibrates the
         queue estimate."""
         if rec.status == R.STATUS_OK:
-            self.calibration.observe(rec.ttft_s, rec.ttft_estimate_s)
+            self.calibration.observe(rec.ttft_s, rec.ttft_expected_s)
         if self.drift.observe(rec, time.monotonic()) and self.retrain_interval_s > 0 \
                 and not self._retrain_lock.locked():
             log.warning("latency model %s drifted: TTFT p90 coverage under %.0f%%; "
