@@ -28,6 +28,7 @@ from serving.admin.auth import resolve_admin_token
 from serving.admission import Admission
 from serving.compat.responses import ResponsesServing
 from serving.config import ServerConfig
+from serving.engine.allocator import freeze_heap, thaw_heap
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker, ResidentBytes
@@ -147,9 +148,8 @@ class Runtime:
         self._dropped_seen: dict[str, int] = {}
 
     def _spans(self, config: ServerConfig):
-        """OpenTelemetry spans where something besides the trace log listens for them
-        (an OTLP collector, the profiler linking profiles to spans); else the same rows
-        written straight to the trace log, without an SDK span object each."""
+        """OpenTelemetry spans where more than the trace log listens (an OTLP collector,
+        the profiler); else the same rows straight to the trace log, no SDK span each."""
         if config.otlp or config.profiling:
             return RequestSpans(self.tracer_provider, self.clock)
         return RowSpans(lambda row: self.tracelog.add("spans", row), self.clock)
@@ -168,8 +168,7 @@ class Runtime:
 
     @property
     def engine_failed(self) -> bool:
-        """What breaker L2 watches: the engine died (and is not back from its restart
-        yet), or a drill says it did."""
+        """What breaker L2 watches: the engine died (not back from a restart yet), or a drill."""
         return self.engine.dead or self.faults.failing
 
     async def start(self) -> None:
@@ -228,9 +227,9 @@ class Runtime:
         warmed = time.monotonic()
         handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
             self.admission, on_failure=self.guard.wake), self._args)
-        log.info("engine up in %.1f s: start %.1f s, warm-up %.1f s, serving objects %.1f s",
-                 time.monotonic() - began, started - began, warmed - started,
-                 time.monotonic() - warmed)
+        log.info("engine up in %.1f s: start %.1f s, warm-up %.1f s, serving objects %.1f s;"
+                 " %d objects out of the garbage collector's scans", time.monotonic() - began,
+                 started - began, warmed - started, time.monotonic() - warmed, freeze_heap())
         return handle
 
     async def restart_engine(self) -> None:
@@ -241,6 +240,7 @@ class Runtime:
         began = time.monotonic()
         try:
             if old is not None:
+                thaw_heap()  # what the old engine held must be collectable
                 old.engine.shutdown()
             shut = time.monotonic()
             self.handle = await self._start_engine(restart=True)
@@ -277,6 +277,7 @@ class Runtime:
         if self._ticker:
             self._ticker.cancel()
         if self.handle:
+            thaw_heap()
             self.handle.engine.shutdown()
             self.handle = None
         self.ledger.close()
@@ -286,8 +287,7 @@ class Runtime:
 
 
 async def _serving_handle(engine: ObservedEngine, args) -> EngineHandle:
-    """vLLM's own app state (chat, completion, responses, models, tokenization) built
-    on our engine client."""
+    """vLLM's own app state (chat, completion, responses, models, tokenization) on ours."""
     from starlette.datastructures import State
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
 

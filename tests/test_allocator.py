@@ -3,6 +3,7 @@ engine starts without oneDNN's global primitive cache (serving/engine/allocator.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -12,7 +13,13 @@ import psutil
 import pytest
 
 from observe.settings import TAILGUARD_TCMALLOC as ENV_TCMALLOC
-from serving.engine.allocator import find_tcmalloc, preload_env, set_engine_env_defaults
+from serving.engine.allocator import (
+    find_tcmalloc,
+    freeze_heap,
+    preload_env,
+    set_engine_env_defaults,
+    thaw_heap,
+)
 
 LIB = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
@@ -85,3 +92,24 @@ def test_serve_reexecutes_itself_unless_switched_off(tmp_path):
         assert ("LD=" in out.stdout) is not reexec, (flag, out.stdout[-500:])
         if not reexec:
             assert "LD=\n" in out.stdout  # nothing was preloaded
+
+
+def test_a_frozen_heap_is_out_of_the_collectors_scans_until_thawed():
+    """What a full collection would walk (the objects of its generations): the objects
+    alive at the freeze are not among them, a cycle made after it is still collected,
+    and after the thaw they are back, so an engine shut down can be collected."""
+    kept = [[i] for i in range(10_000)]  # lists stay tracked (a dict of ints may not)
+    try:
+        frozen = freeze_heap()
+        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        scanned = {id(o) for o in gc.get_objects()}
+        assert not any(id(o) in scanned for o in kept)
+        cycle = []
+        cycle.append(cycle)
+        del cycle
+        assert gc.collect() >= 1  # garbage made after the freeze is collected as ever
+    finally:
+        thaw_heap()
+    assert gc.get_freeze_count() == 0
+    scanned = {id(o) for o in gc.get_objects()}
+    assert all(id(o) in scanned for o in kept)

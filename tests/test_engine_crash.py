@@ -56,6 +56,8 @@ RECOVER_S = 15.0  # failure noticed -> a new request served (breaker L2's restar
 QUIET_START_S = 10.0
 OWN_S = 4.0
 UP = re.compile(r"engine up in [\d.]+ s: start ([\d.]+) s, warm-up ([\d.]+) s")
+FROZEN = re.compile(r"engine up in .*; (\d+) objects out of the garbage collector's scans")
+MIN_FROZEN = 100_000  # vLLM, torch and the serving objects: about 800,000 here
 POLL_S = 0.2  # between requests while waiting for the restarted engine
 CLIENT_S = 60  # no client waits longer than this for anything
 MAX_TOKENS = 3900  # ~15 s of decoding: still running when the fault hits
@@ -313,6 +315,8 @@ def check_recovered(srv, noticed_at: float, old: list, restarts_before: int) -> 
     assert new.pid not in {p.pid for p in old}
     srv.engine_processes.extend([new, *new.children(recursive=True)])
     assert restarts(srv) == restarts_before + 1
+    frozen = [int(n) for n in FROZEN.findall(srv.log.read_text())]
+    assert len(frozen) >= 2 and min(frozen) > MIN_FROZEN, frozen  # frozen again after it
     check_rows(srv, sent)
     return back_s
 
