@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
 
@@ -99,3 +100,32 @@ def test_a_spool_append_that_fails_leaves_only_whole_frames(tmp_path):
 def test_every_table_has_a_key_of_its_own_columns():
     for spec in TABLES.values():
         assert spec.key and set(spec.key) <= set(spec.column_names), spec.name
+
+
+def test_rows_past_the_buffer_bound_go_to_duckdb_without_the_spool(db_path, monkeypatch):
+    """A writer behind (a flush holding max_buffer_rows or more) loads at once, and
+    DuckDB's commit is their durability: no spool write; only rows it refuses for a
+    passing fault are spooled, and kept."""
+    from observe.tracelog import store
+
+    appended: list[int] = []
+    real_append = Spool.append
+    monkeypatch.setattr(Spool, "append", lambda self, frames: appended.append(1)
+                        or real_append(self, frames))
+    with TraceLog(db_path, flush_interval_s=3600, max_buffer_rows=100) as log:
+        for i in range(150):
+            log.add("requests", {"request_id": f"r{i}", "arrival_ts": 1.7e9 + i})
+        assert log._flush(load=False)
+        assert appended == [] and log.stats()["rows_written"]["requests"] == 150
+
+        def refuse(self, spec, batches):
+            raise duckdb.OperationalError("IO Error: No space left on device")
+
+        monkeypatch.setattr(store.FrameStore, "_insert", refuse)
+        for i in range(150):
+            log.add("requests", {"request_id": f"s{i}", "arrival_ts": 1.8e9 + i})
+        assert not log._flush(load=False)
+        assert appended == [1] and log.stats()["rows_spooled"]["requests"] == 150
+        monkeypatch.undo()
+    assert read_all(db_path, "SELECT count(*), count(DISTINCT request_id) FROM requests") \
+        == [(300, 300)]

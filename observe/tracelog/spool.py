@@ -3,7 +3,8 @@ rows become durable. One `write` and one `fdatasync` of Arrow IPC frames costs a
 tenth of the CPU of a DuckDB INSERT, which costs 2-5 ms whatever its size
 (`python -m bench.tracelog.spool_cost`). The writer moves spooled rows into DuckDB
 every load interval (ten flushes), before any read and at close, then empties the
-spool (observe/tracelog/store.py).
+spool (observe/tracelog/store.py). A flush of `max_buffer_rows` or more (a writer
+behind) goes into DuckDB at once instead, whose commit then makes it durable.
 
 A writer that opens a file whose spool still holds frames (a kill -9, a power cut)
 loads them first. Each frame went into DuckDB in one INSERT, so a frame whose first
@@ -50,7 +51,7 @@ class Spool:
         self.size = os.fstat(self._fd).st_size
 
     def append(self, frames: Iterable[tuple[str, list[pa.RecordBatch]]]) -> None:
-        data = memoryview(b"".join(encode_frame(name, batches) for name, batches in frames))
+        data = memoryview(encode_frames(frames))
         written = 0
         try:
             while written < len(data):
@@ -79,13 +80,26 @@ class Spool:
             Path(self.path).unlink(missing_ok=True)
 
 
-def encode_frame(name: str, batches: list[pa.RecordBatch]) -> bytes:
-    sink = pa.BufferOutputStream()
+def encode_frames(frames: Iterable[tuple[str, list[pa.RecordBatch]]]) -> pa.Buffer:
+    """Frames back to back in one buffer of the right size: each stream is measured
+    first (no copy) and then written in place once. A growing buffer and the copies to
+    bytes cost four times as much: 2.4 s against 0.55 s for a million `requests` rows."""
+    sized = [(name.encode(), batches, _stream(pa.MockOutputStream(), batches).size())
+             for name, batches in frames]
+    buffer = pa.allocate_buffer(sum(_FRAME.size + len(name) + size
+                                    for name, _, size in sized))
+    out = pa.FixedSizeBufferWriter(buffer)
+    for name, batches, size in sized:
+        out.write(_FRAME.pack(len(name), size) + name)
+        _stream(out, batches)
+    return buffer
+
+
+def _stream(sink, batches: list[pa.RecordBatch]):
     with ipc.new_stream(sink, batches[0].schema) as writer:
         for batch in batches:
             writer.write_batch(batch)
-    payload, encoded = sink.getvalue(), name.encode()
-    return _FRAME.pack(len(encoded), payload.size) + encoded + payload.to_pybytes()
+    return sink
 
 
 def read_spool(path: str) -> list[tuple[str, pa.Table]]:
