@@ -44,10 +44,11 @@ def _start(tmp: Path):
 
 
 def complete(srv, key: str = PLAIN, words: int = 20, max_tokens: int = 4,
-             timeout: float = 120) -> httpx.Response:
+             timeout: float = 120, prefix: str = "") -> httpx.Response:
     return httpx.post(srv.url + "/v1/completions", timeout=timeout,
                       headers={"Authorization": f"Bearer {key}"},
-                      json={"model": "tailguard-tiny-llama", "prompt": "word " * words,
+                      json={"model": "tailguard-tiny-llama",
+                            "prompt": prefix + "word " * words,
                             "max_tokens": max_tokens, "ignore_eos": True})
 
 
@@ -200,7 +201,10 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
     events_before = len(transitions(guarded, "breaker_l1"))
     with ThreadPoolExecutor(FLOOD + 2) as pool:
         # VIP: never refused for load, so the flood is admitted into the engine
-        flood = [pool.submit(complete, guarded, VIP, 1800, 8) for _ in range(FLOOD)]
+        # each its own prompt: identical ones hit vLLM's prefix cache once the first is
+        # prefilled, and leave no work ahead (a fast CPU got there before the check)
+        flood = [pool.submit(complete, guarded, VIP, 1800, 8, prefix=f"flood {i} ")
+                 for i in range(FLOOD)]
         # ten admitted (a prefill takes 0.6 s in float32 on a 2-core Xeon): more prompts
         # than a step's budget can advance beside a short one under the chunk cap, so the
         # short one is infeasible however fast the CPU (with six, on an AMD EPYC the
