@@ -218,18 +218,18 @@ class Runtime:
         self.engine_model.set_engine_limits(scheduler.max_num_batched_tokens, cap,
                                             (cache.num_gpu_blocks or 0) * cache.block_size)
         self.guard.limiter.prefill_chunk_cap = cap
-        model_config = engine.model_config
         self.warmup_gate.warming()
-        calls = await warm_up(engine, model_config.max_model_len,
-                              model_config.get_vocab_size(), measure=not restart)
+        calls = await warm_up(engine, engine.model_config.max_model_len,
+                              engine.model_config.get_vocab_size(), measure=not restart)
         self.warmup_gate.went_live()
         self.warmup = self.warmup if restart else calls
         warmed = time.monotonic()
         handle = await _serving_handle(ObservedEngine(engine, self.ledger, self.clock,
             self.admission, on_failure=self.guard.wake), self._args)
+        served, frozen = time.monotonic(), freeze_heap()  # the start-up heap, out of GC scans
         log.info("engine up in %.1f s: start %.1f s, warm-up %.1f s, serving objects %.1f s;"
-                 " %d objects out of the garbage collector's scans", time.monotonic() - began,
-                 started - began, warmed - started, time.monotonic() - warmed, freeze_heap())
+                 " %d objects out of the garbage collector's scans", served - began,
+                 started - began, warmed - started, served - warmed, frozen)
         return handle
 
     async def restart_engine(self) -> None:

@@ -132,7 +132,9 @@ class TraceLog:
                 # Behind (bulk rows): DuckDB takes them now and its commit is what makes
                 # them durable, so they skip the spool (it doubled such a flush's time);
                 # only what DuckDB refuses is spooled.
-                ok = self._store.load() or (self._store.spool_new() and False)
+                ok = self._store.load()
+                if not ok:
+                    self._store.spool_new()
             else:
                 ok = self._store.spool_new()
                 if load:
