@@ -197,7 +197,9 @@ class Killed:
             gap = max(gap, t - last_t)
         return (f"writer: {len(self.writer)} polls, {last_n} flushes, longest without a "
                 f"flush {gap:.1f} s, max last_flush_s "
-                f"{max(s['last_flush_s'] for _, s in self.writer):.3f}, max pending rows "
+                f"{max(s['last_flush_s'] for _, s in self.writer):.3f}, "
+                f"{self.writer[-1][1]['loads']} loads, max last_load_s "
+                f"{max(s['last_load_s'] for _, s in self.writer):.3f}, max pending rows "
                 f"{max(s['pending_rows'] for _, s in self.writer)}, "
                 f"{self.killed_at - last_t:.1f} s since the last flush at the kill")
 

@@ -267,9 +267,10 @@ def test_rows_beyond_the_pending_limit_are_dropped_and_counted():
             "rows_written": {**dict.fromkeys(TABLES, 0), "requests": 10},
             "rows_dropped": {**dict.fromkeys(TABLES, 0), "requests": 5},
             "flushes": 1, "last_flush_s": log.stats()["last_flush_s"], "pending_rows": 0,
+            "loads": 1, "last_load_s": log.stats()["last_load_s"],
             "rows_spooled": dict.fromkeys(TABLES, 0),
         }
-        assert log.stats()["last_flush_s"] > 0
+        assert log.stats()["last_flush_s"] > 0 and log.stats()["last_load_s"] > 0
 
 
 class FailingDisk:

@@ -2,8 +2,8 @@
 rows become durable. One `write` and one `fdatasync` of Arrow IPC frames costs about a
 tenth of the CPU of a DuckDB INSERT, which costs 2-5 ms whatever its size
 (`python -m bench.tracelog.spool_cost`). The writer moves spooled rows into DuckDB
-every load interval (ten flushes), before any read and at close, then empties the
-spool (observe/tracelog/store.py). A flush of `max_buffer_rows` or more (a writer
+every load interval (ten flushes), before any read and at close, then drops them from
+the spool (observe/tracelog/store.py). A flush of `max_buffer_rows` or more (a writer
 behind) goes into DuckDB at once instead, whose commit then makes it durable.
 
 A writer that opens a file whose spool still holds frames (a kill -9, a power cut)
@@ -47,8 +47,12 @@ class Spool:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = self._open(path, os.O_CREAT)
         self.size = os.fstat(self._fd).st_size
+
+    @staticmethod
+    def _open(path: str, flags: int) -> int:
+        return os.open(path, os.O_RDWR | os.O_APPEND | flags, 0o644)
 
     def append(self, frames: Iterable[tuple[str, list[pa.RecordBatch]]]) -> None:
         data = memoryview(encode_frames(frames))
@@ -67,6 +71,34 @@ class Spool:
         later recovery finds them loaded and skips them."""
         self._cut(0)
 
+    def drop_before(self, offset: int) -> bool:
+        """Drop the frames before `offset` (loaded), keeping the later ones: these are
+        copied into a new file that then replaces this one, so a crash leaves either
+        file, each of whole frames. False when it could not (the frames all stay; a
+        recovery skips the loaded ones)."""
+        if offset <= 0:
+            return False
+        fresh = self.path + ".new"
+        try:
+            tail = os.pread(self._fd, self.size - offset, offset)
+            fd = self._open(fresh, os.O_CREAT | os.O_TRUNC)
+        except OSError:
+            return False
+        try:
+            view = memoryview(tail)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fdatasync(fd)
+            os.replace(fresh, self.path)
+        except OSError:
+            os.close(fd)
+            Path(fresh).unlink(missing_ok=True)
+            return False
+        os.close(self._fd)
+        self._fd, self.size = fd, len(tail)
+        _sync_dir(self.path)  # the rename is durable too: later appends go to this file
+        return True
+
     def _cut(self, size: int) -> None:
         try:
             os.ftruncate(self._fd, size)
@@ -78,6 +110,19 @@ class Spool:
         os.close(self._fd)
         if self.size == 0:
             Path(self.path).unlink(missing_ok=True)
+
+
+def _sync_dir(path: str) -> None:
+    try:
+        fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # a crash before the rename is durable leaves the old file: whole frames
+    finally:
+        os.close(fd)
 
 
 def encode_frames(frames: Iterable[tuple[str, list[pa.RecordBatch]]]) -> pa.Buffer:

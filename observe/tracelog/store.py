@@ -1,17 +1,21 @@
 """Rows on their way into DuckDB: converted frames, the spool that makes them durable
-and the load that inserts them (the writer's thread drives it: observe/tracelog/writer.py).
+and the load that inserts them (the writer's two threads drive it: one spools, one loads,
+observe/tracelog/writer.py).
 
 A frame is one table's rows of one flush, as Arrow batches. It is appended to the spool
 at once and inserted into DuckDB at the next load, one INSERT per table for every frame
-waiting; once nothing waits, the spool is emptied. Rows the spool cannot take (disk
-full, file too large) stay in memory and go first next time; rows DuckDB cannot take
-stay too (in the spool as well, if it took them). One INSERT is one DuckDB transaction:
-a failed one leaves no row behind and a retry duplicates nothing. A frame DuckDB
-refuses for its content is dropped alone; the frames beside it go in.
+waiting. A load runs beside the spooling (a DuckDB checkpoint may take seconds; the
+spool must not wait for it): it inserts the frames there were when it began, then drops
+them from the spool, keeping the frames spooled meanwhile. Rows the spool cannot take
+(disk full, file too large) stay in memory and go first next time; rows DuckDB cannot
+take stay too (in the spool as well, if it took them). One INSERT is one DuckDB
+transaction: a failed one leaves no row behind and a retry duplicates nothing. A frame
+DuckDB refuses for its content is dropped alone; the frames beside it go in.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable, Final
 
@@ -34,6 +38,7 @@ class Frame:
     batches: list[pa.RecordBatch]
     rows: int
     spooled: bool = False
+    spool_at: int = 0  # where in the spool its append began (once spooled)
 
 
 def load_spool(db_path: str) -> None:
@@ -53,8 +58,9 @@ def _uncounted(table: str, rows: int) -> None:
 
 
 class FrameStore:
-    """The frames not in DuckDB yet, oldest first, and the spool; not thread-safe (the
-    writer calls it under its flush lock). `written` and `dropped` count rows out."""
+    """The frames not in DuckDB yet, oldest first, and the spool. One thread spools and
+    one loads at a time (the writer's locks); the frame list and the spool file are
+    guarded here, never across an INSERT. `written` and `dropped` count rows out."""
 
     def __init__(self, conn: duckdb.DuckDBPyConnection, db_path: str, written: Count,
                  dropped: Count) -> None:
@@ -62,6 +68,7 @@ class FrameStore:
         self._written, self._dropped = written, dropped
         self._insert_sql = {name: insert_sql(spec) for name, spec in TABLES.items()}
         self._failing: set[str] = set()  # "spool", "load": one log line a failure streak
+        self._lock = threading.Lock()  # the frame list and the spool file
         self.frames: list[Frame] = []
         self.spool: Spool | None = None
         if (path := spool_path(db_path)) is not None:
@@ -72,7 +79,8 @@ class FrameStore:
         self._count_spooled()
 
     def rows(self) -> int:
-        return sum(frame.rows for frame in self.frames)
+        with self._lock:
+            return sum(frame.rows for frame in self.frames)
 
     def _count_spooled(self) -> None:
         spooled = dict.fromkeys(TABLES, 0)
@@ -82,34 +90,53 @@ class FrameStore:
         self.spooled = spooled  # one assignment: stats() reads it from other threads
 
     def add(self, spec: TableSpec, batches: list[pa.RecordBatch], rows: int) -> None:
-        self.frames.append(Frame(spec, batches, rows))
+        with self._lock:
+            self.frames.append(Frame(spec, batches, rows))
 
     def spool_new(self) -> bool:
         """Append every frame not in the spool yet; False when the spool refused them."""
-        fresh = [frame for frame in self.frames if not frame.spooled]
-        if self.spool is None or not fresh:
+        with self._lock:
+            fresh = [frame for frame in self.frames if not frame.spooled]
+            if self.spool is None or not fresh:
+                return True
+            at = self.spool.size
+            try:
+                self.spool.append((frame.spec.name, frame.batches) for frame in fresh)
+            except OSError as exc:  # disk full, file too large: keep the rows in memory
+                self._failure("spool", exc, "keeping rows in memory until it recovers")
+                return False
+            for frame in fresh:
+                frame.spooled, frame.spool_at = True, at
+            self._count_spooled()
+            self._recovered("spool")
             return True
-        try:
-            self.spool.append((frame.spec.name, frame.batches) for frame in fresh)
-        except OSError as exc:  # disk full, file too large: keep the rows in memory
-            self._failure("spool", exc, "keeping rows in memory until it recovers")
-            return False
-        for frame in fresh:
-            frame.spooled = True
-        self._count_spooled()
-        self._recovered("spool")
-        return True
 
     def load(self) -> bool:
-        """Insert every frame, one INSERT per table; empty the spool once nothing is
-        left. False when a table's INSERT failed: its frames and later tables' wait."""
+        """Insert the frames there are now, one INSERT per table, and drop them from the
+        spool. False when a table's INSERT failed: its frames and later tables' wait."""
+        with self._lock:
+            frames = list(self.frames)
         for spec in TABLES.values():
-            frames = [frame for frame in self.frames if frame.spec is spec]
-            if frames and not self._load_table(spec, frames):
+            mine = [frame for frame in frames if frame.spec is spec]
+            if mine and not self._load_table(spec, mine):
                 return False
-        if self.spool is not None:
-            self.spool.clear()
+        self._trim_spool()
         return True
+
+    def _trim_spool(self) -> None:
+        """Drop what is loaded from the spool: all of it, or the part before the first
+        frame spooled while the load ran (and kept for the next one)."""
+        with self._lock:
+            if self.spool is None:
+                return
+            kept = [frame for frame in self.frames if frame.spooled]
+            if not kept:
+                self.spool.clear()
+                return
+            cut = min(frame.spool_at for frame in kept)
+            if self.spool.drop_before(cut):
+                for frame in kept:
+                    frame.spool_at -= cut
 
     def _load_table(self, spec: TableSpec, frames: list[Frame]) -> bool:
         """Insert `frames` in one transaction; False when they are kept for a retry."""
@@ -133,8 +160,9 @@ class FrameStore:
 
     def _forget(self, frames: list[Frame]) -> None:
         gone = set(map(id, frames))
-        self.frames = [frame for frame in self.frames if id(frame) not in gone]
-        self._count_spooled()
+        with self._lock:
+            self.frames = [frame for frame in self.frames if id(frame) not in gone]
+            self._count_spooled()
 
     def _insert(self, spec: TableSpec, batches: list[pa.RecordBatch]) -> None:
         reader = pa.RecordBatchReader.from_batches(spec.arrow_schema, batches)
@@ -147,16 +175,18 @@ class FrameStore:
     def give_up(self) -> tuple[int, int]:
         """At a close while writes fail: count the frames the spool never took as
         dropped. Returns (rows lost, rows left in the spool for the next open)."""
-        lost = [frame for frame in self.frames if not frame.spooled]
+        with self._lock:
+            frames, self.frames = self.frames, []
+        lost = [frame for frame in frames if not frame.spooled]
         for frame in lost:
             self._dropped(frame.spec.name, frame.rows)
-        kept = self.rows() - sum(frame.rows for frame in lost)
-        self.frames = []
-        return sum(frame.rows for frame in lost), kept
+        lost_rows = sum(frame.rows for frame in lost)
+        return lost_rows, sum(frame.rows for frame in frames) - lost_rows
 
     def close(self) -> None:
-        if self.spool is not None:
-            self.spool.close()
+        with self._lock:
+            if self.spool is not None:
+                self.spool.close()
 
     def _failure(self, sink: str, exc: Exception, what: str) -> None:
         if sink not in self._failing:  # one line per failure streak, not one per flush

@@ -77,25 +77,28 @@ class TraceLog:
         self._reader = self._conn.cursor()  # query() cursors hang off this one
         self._buffers = {name: _TableBuffer(spec) for name, spec in TABLES.items()}
         self._lock = threading.Lock()  # buffers and counters
-        self._flush_lock = threading.Lock()  # the writer connection and the store
+        self._flush_lock = threading.Lock()  # taking the buffers and spooling them
+        self._load_lock = threading.Lock()  # the writer connection (after _flush_lock)
         self._reader_lock = threading.Lock()
         self.written = dict.fromkeys(TABLES, 0)
         self.dropped = dict.fromkeys(TABLES, 0)
         self._store = FrameStore(self._conn, self.path, self._count_written, self._drop)
         self._pending = self._store.rows()  # spooled before an unclean stop
-        self._flushes = 0
-        self._last_flush_s = 0.0
+        self._flushes = self._loads = 0
+        self._last_flush_s = self._last_load_s = 0.0
         self._closed = False
         if self._pending:
             log.warning("trace log %s: loading %d rows spooled before an unclean stop",
                         self.path, self._pending)
             self._store.load()
-        self._load_due = time.monotonic() + self.config.load_interval_s
         warm_up_conversion()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="tailguard-tracelog", daemon=True)
-        self._thread.start()
+        self._wake, self._load_wake, self._stop = (threading.Event() for _ in range(3))
+        self._threads = [
+            threading.Thread(target=self._run, name="tailguard-tracelog", daemon=True),
+            threading.Thread(target=self._run_loads, name="tailguard-tracelog-load",
+                             daemon=True)]
+        for thread in self._threads:
+            thread.start()
 
     # --- hot path --------------------------------------------------------------------
     def add(self, table: str, row: dict[str, Any]) -> None:
@@ -122,27 +125,40 @@ class TraceLog:
     def flush(self) -> bool:
         """Put every buffered and kept row into DuckDB now. False when a write failed:
         what it could not write stays kept."""
-        return self._flush(load=True)
-
-    def _flush(self, load: bool) -> bool:
         with self._flush_lock:
-            started = time.perf_counter()
-            taken = self._take_buffers()
-            if self._store.rows() >= self.config.max_buffer_rows:
-                # Behind (bulk rows): DuckDB takes them now and its commit is what makes
-                # them durable, so they skip the spool (it doubled such a flush's time);
-                # only what DuckDB refuses is spooled.
-                ok = self._store.load()
-                if not ok:
-                    self._store.spool_new()
-            else:
-                ok = self._store.spool_new()
-                if load:
-                    ok = self._store.load() and ok
-            if taken:
+            spooled = self._spool()
+            with self._load_lock:
+                return self._load() and spooled
+
+    def _spool(self) -> bool:
+        """Take the buffered rows and make them durable in the spool; a writer behind
+        leaves them to the load instead (caller holds _flush_lock)."""
+        started = time.perf_counter()
+        taken = self._take_buffers()
+        if self._store.rows() >= self.config.max_buffer_rows:
+            # Behind (bulk rows): DuckDB takes them next and its commit makes them
+            # durable; spooling them first doubled such a flush's time.
+            self._load_wake.set()
+            ok = True
+        else:
+            ok = self._store.spool_new()
+        if taken:
+            with self._lock:
                 self._flushes += 1
                 self._last_flush_s = time.perf_counter() - started
-            return ok
+        return ok
+
+    def _load(self) -> bool:
+        """Everything kept into DuckDB; what it refuses is spooled if it is not yet
+        (caller holds _load_lock)."""
+        started = time.perf_counter()
+        ok = self._store.load()
+        if not ok:
+            self._store.spool_new()
+        with self._lock:
+            self._loads += 1
+            self._last_load_s = time.perf_counter() - started
+        return ok
 
     def _take_buffers(self) -> int:
         taken = 0
@@ -157,7 +173,7 @@ class TraceLog:
 
     def _load_spooled(self) -> None:
         """Before a read: what completed flushes spooled goes into DuckDB."""
-        with self._flush_lock:
+        with self._load_lock:
             if self._store.frames and not self._closed:
                 self._store.load()
 
@@ -172,16 +188,28 @@ class TraceLog:
             self._pending -= rows
 
     def _run(self) -> None:
+        interval = wait = self.config.flush_interval_s
         while not self._stop.is_set():
-            self._wake.wait(self.config.flush_interval_s)
+            self._wake.wait(wait)
             self._wake.clear()
             if self._stop.is_set():
                 return
-            now = time.monotonic()
-            load = now >= self._load_due
-            if load:
-                self._load_due = now + self.config.load_interval_s
-            self._flush(load)
+            started = time.monotonic()
+            with self._flush_lock:
+                self._spool()
+            # The next one an interval after this one began: a slow flush (a stalled
+            # fdatasync) does not push the later ones back.
+            wait = max(0.0, interval - (time.monotonic() - started))
+
+    def _run_loads(self) -> None:
+        while not self._stop.is_set():
+            self._load_wake.wait(self.config.load_interval_s)
+            self._load_wake.clear()
+            if self._stop.is_set():
+                return
+            with self._load_lock:
+                if self._store.frames:
+                    self._load()
 
     # --- lifecycle and reading -------------------------------------------------------
     def close(self) -> None:
@@ -193,21 +221,24 @@ class TraceLog:
             self._closed = True
         self._stop.set()
         self._wake.set()
-        self._thread.join()
+        self._load_wake.set()
+        for thread in self._threads:
+            thread.join()
         if not self.flush():  # the disk never came back: what is kept is lost now
             lost, spooled = self._store.give_up()
             log.error("trace log %s: closed while writes fail; %d rows lost, %d left in "
                       "the spool for the next open", self.path, lost, spooled)
-        with self._flush_lock, self._reader_lock:
+        with self._flush_lock, self._load_lock, self._reader_lock:
             self._store.close()
             self._conn.close()
 
     def with_writer(self, fn: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
         """Flush, then run `fn` on a connection of its own to this database while no
-        flush can write (archiving moves rows out in its own transaction). `add()` keeps
-        buffering meanwhile. The connection has external access switched off."""
+        load can write (archiving moves rows out in its own transaction). `add()` keeps
+        buffering and the spool keeps taking flushes meanwhile. The connection has
+        external access switched off."""
         self.flush()
-        with self._flush_lock:
+        with self._load_lock:
             if self._closed:
                 raise RuntimeError(f"trace log {self.path} is closed")
             conn = self._conn.cursor()
@@ -228,6 +259,7 @@ class TraceLog:
         with self._lock:
             return {"rows_written": dict(self.written), "rows_dropped": dict(self.dropped),
                     "flushes": self._flushes, "last_flush_s": self._last_flush_s,
+                    "loads": self._loads, "last_load_s": self._last_load_s,
                     "pending_rows": self._pending,
                     "rows_spooled": dict(self._store.spooled)}
 
