@@ -4,6 +4,8 @@ alternating order. Every figure here can come out against the policies."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from bench.policy.surge import side_order
@@ -211,3 +213,19 @@ def test_prediction_accuracy_of_served_requests():
     got = prediction_accuracy(rows)
     assert got["predicted"] == 3 and got["ttft_p90_coverage"] == pytest.approx(2 / 3)
     assert got["ttft_mape_p50"] == pytest.approx(0.25)
+
+
+def test_server_rows_read_back_an_infinite_estimate(monkeypatch):
+    """The admin API sends a non-finite double as "Infinity" (JSON has none); the 5x
+    surge's first round met one (a request the deadline check found could never be
+    served in time) and the scoring's comparison then raised a TypeError."""
+    from bench.policy import surge_server
+
+    columns = ["priority", "vip", "status", "ttft_s", "slo_ttft_target_s", "policy_actions",
+               "estimated_ttft_s", "predicted_ttft_s", "predicted_ttft_p90_s"]
+    answers = iter([{}, {"columns": columns, "rows": [
+        ["realtime", False, "ok", 0.3, 0.2, [], "Infinity", 0.25, "NaN"]]}])
+    monkeypatch.setattr(surge_server, "admin", lambda *args: next(answers))
+    (row,) = surge_server.server_rows("http://unused", 0.0, 1.0)
+    assert row["estimated_ttft_s"] == float("inf") and math.isnan(row["predicted_ttft_p90_s"])
+    assert miss_prediction([row])["precision"] == 1.0

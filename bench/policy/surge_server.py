@@ -71,6 +71,8 @@ async def drive(url: str, scenario: str, rate: float, duration: float, seed: int
     return dict(zip(runs, results))
 
 
+_SECONDS = ("ttft_s", "slo_ttft_target_s", "estimated_ttft_s", "predicted_ttft_s",
+            "predicted_ttft_p90_s")
 ROWS_SQL = """
 SELECT priority, vip, status, ttft_s, slo_ttft_target_s, policy_actions, estimated_ttft_s,
        predicted_ttft_s, predicted_ttft_p90_s
@@ -85,4 +87,9 @@ def server_rows(url: str, start: float, end: float) -> list[dict]:
                  {"sql": ROWS_SQL.format(start=start, end=end), "max_rows": 100_000})
     if data.get("truncated"):
         raise RuntimeError("more trace-log rows than one query answers")
-    return [dict(zip(data["columns"], row)) for row in data["rows"]]
+    rows = [dict(zip(data["columns"], row)) for row in data["rows"]]
+    for row in rows:  # the API sends a non-finite double as a string (JSON has none)
+        for name in _SECONDS:
+            if isinstance(row[name], str):
+                row[name] = float(row[name])  # "Infinity": a request that never fits
+    return rows
