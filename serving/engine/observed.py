@@ -65,6 +65,7 @@ class ObservedEngine:
         self._mailbox_type = RequestOutputCollector
         self._engine = engine
         self._ledger = ledger
+        ledger.drain_before(getattr(engine, "output_processor", None))
         self._clock = clock
         self._admission = admission
         self.hang_s = engine_hang_s() if hang_s is None else hang_s
