@@ -10,7 +10,7 @@ from observe.settings import TAILGUARD_STEP_SOCKET as ENV_STEP_SOCKET
 from observe.stats import StepRecord
 from serving.engine.stats import EngineSecond
 from serving.engine.step_plugin import StepSender, prefill_progress
-from serving.engine.step_receiver import StepLedger, external_id
+from serving.engine.step_receiver import NoStepLedger, StepLedger, external_id
 
 
 @pytest.fixture
@@ -55,33 +55,86 @@ def test_a_step_without_sampling_still_counts(ledger):
     assert ledger.seen[0].sampling_s == 0.0 and ledger.seen[0].forward_s == 0.5
 
 
-def test_the_running_ledger_publishes_at_once_what_it_or_another_thread_drained():
-    """Its thread sleeps on the socket (and up to a second), never on a short timer:
-    a step it receives, and one drained first by another thread (a request's end on
-    the event loop), both reach the consumers within milliseconds."""
+def _wait(condition, limit_s: float = 2.0) -> bool:
+    import time
+
+    began = time.monotonic()
+    while not condition() and time.monotonic() - began < limit_s:
+        time.sleep(0.002)
+    return condition()
+
+
+def test_a_step_drained_by_the_loop_wakes_the_sleeping_thread_to_publish_it():
+    """The thread sleeps on its socket (poll 5 s here) while no step comes; a step the
+    event loop drained first (at a request's end, or before an output batch) wakes it
+    once, so the consumers get it within milliseconds, not at the poll."""
     import time
 
     seen: list[StepRecord] = []
-    led = StepLedger([seen.append]).start()
+    led = StepLedger([seen.append], poll_s=5.0, hold_s=0.01).start()
     try:
         sender = StepSender(led.path)
-        time.sleep(0.05)  # the thread waits on select
         _step(sender, 1.0, 0.010, 0.002, {"a-00000000": 1})
-        began = time.monotonic()
-        while not seen and time.monotonic() - began < 0.5:
-            time.sleep(0.002)
-        assert len(seen) == 1
-        with led._lock:  # the event loop's drain takes the datagram before the thread
+        assert _wait(lambda: len(seen) == 1)
+        assert _wait(lambda: not led._active)  # a quiet hold: back on the socket
+        with led._lock:  # the loop's drain takes the datagram before the thread
             _step(sender, 2.0, 0.010, 0.002, {"b-00000000": 1})
             time.sleep(0.01)
         led.drain()
         began = time.monotonic()
-        while len(seen) < 2 and time.monotonic() - began < 0.5:
-            time.sleep(0.002)
+        assert _wait(lambda: len(seen) == 2)
+        assert time.monotonic() - began < 1.0  # woken, not the 5 s poll
         assert [s.request_ids for s in seen] == [("a",), ("b",)]
-        assert time.monotonic() - began < 0.5  # woken, not the 1 s timeout
     finally:
         led.close()
+
+
+def test_while_steps_come_the_thread_wakes_on_its_timer_not_per_datagram():
+    """Five steps sent during a hold are drained and published by one wake-up; once a
+    hold passes with no step the thread sleeps on the socket again, with no timer."""
+    import time
+
+    seen: list[StepRecord] = []
+    led = StepLedger([seen.append], poll_s=5.0, hold_s=0.5).start()
+    try:
+        sender = StepSender(led.path)
+        _step(sender, 1.0, 0.010, 0.002, {"a-00000000": 1})
+        assert _wait(lambda: len(seen) == 1) and led.wakeups == 1
+        for i in range(5):  # within the 0.5 s hold that follows: they wait in the socket
+            _step(sender, 2.0 + i, 0.010, 0.002, {"b-00000000": 1})
+        assert _wait(lambda: len(seen) == 6)
+        assert led.wakeups == 2
+        assert _wait(lambda: not led._active) and led.wakeups == 3
+        time.sleep(0.3)
+        assert led.wakeups == 3 and sender.dropped == 0
+    finally:
+        led.close()
+
+
+def test_the_loop_drains_before_each_output_batch_is_processed(ledger):
+    """`drain_before` wraps vLLM's `OutputProcessor.process_outputs`: a step's datagram
+    (sent before its outputs) is applied, its prompt hooks run, before the batch is."""
+    prefilled: list[str] = []
+    tally = ledger.track("cmpl-a-0", owner="a", on_prefilled=lambda: prefilled.append("a"))
+    calls = []
+
+    class Processor:
+        def process_outputs(self, outputs, timestamp=None):
+            calls.append((outputs, tally.steps, list(prefilled)))
+            return "processed"
+
+    processor = Processor()
+    ledger.drain_before(processor)
+    sender = StepSender(ledger.path)
+    sender._progress = (["cmpl-a-0-1a2b3c4d"], [], 0)
+    out = SimpleNamespace(num_scheduled_tokens={"cmpl-a-0-1a2b3c4d": 5},
+                          total_num_scheduled_tokens=5)
+    sender.forward_done(1.0, 1.01, out)
+    sender.sampling_done(1.01, 1.012)
+    assert processor.process_outputs(["out"], timestamp=1.02) == "processed"
+    assert calls == [(["out"], 1, ["a"])]
+    ledger.drain_before(None)  # an engine without an output processor: nothing to wrap
+    NoStepLedger().drain_before(processor)
 
 
 def test_sending_to_no_server_drops_and_counts(tmp_path):
