@@ -134,8 +134,8 @@ class Runtime:
         live, batch = self.warmup_gate.live_only, self.metrics.record_step
         self.ledger = StepLedger([self.warmup_gate.marking(self.spans.step),
                                   live(self.second.on_step),
-                                  live(lambda step: batch(len(step.request_ids))),
-                                  live(self.load.on_step), self.engine_model.on_step])
+                                  live(lambda step: batch(len(step.request_ids)))],
+                                 at_once=[live(self.load.on_step), self.engine_model.on_step])
         self.engine = EngineSlot()
         self.deps = RequestDeps(config, self.observer, config.keys, self.quota,
                                 self.admission, self.engine)

@@ -137,6 +137,49 @@ def test_the_loop_drains_before_each_output_batch_is_processed(ledger):
     NoStepLedger().drain_before(processor)
 
 
+def test_what_admission_reads_is_updated_as_a_step_is_drained_the_rest_later():
+    """`at_once` consumers (the step-time average, the live engine model) run in the
+    drain itself, on the event loop before the step's outputs; the others (the
+    `llm.step` row, the engine second) wait for the ledger's thread."""
+    at_once: list[StepRecord] = []
+    later: list[StepRecord] = []
+    led = StepLedger([later.append], at_once=[at_once.append, _broken])
+    try:
+        sender = StepSender(led.path)
+        _step(sender, 1.0, 0.010, 0.002, {"a-00000000": 1})
+        assert led.drain() == 1
+        assert [s.index for s in at_once] == [1] and later == []
+        led._publish()
+        assert [s.index for s in later] == [1] and len(at_once) == 1
+    finally:
+        led.close()
+
+
+def _broken(step: StepRecord) -> None:
+    raise RuntimeError("a broken consumer must not stop step accounting")
+
+
+def test_steps_dropped_at_a_full_socket_are_counted_by_the_server(ledger):
+    """Hostile: nobody drains (a stalled loop and thread). The socket queues a few
+    datagrams, the probe drops the rest without waiting; the server, which never sees
+    the engine's own count, finds them as gaps in the step index once a later step
+    comes. A new engine process numbering from 1 again is no gap."""
+    sender = StepSender(ledger.path)
+    for i in range(300):
+        _step(sender, float(i), 0.001, 0.0, {"a-00000000": 1})
+    assert sender.dropped > 0  # Linux queues 10 (net.unix.max_dgram_qlen)
+    received = ledger.drain()
+    _step(sender, 300.0, 0.001, 0.0, {"a-00000000": 1})
+    assert ledger.drain() == 1
+    assert received + sender.dropped == 300
+    assert ledger.steps_lost == sender.dropped
+    restarted = StepSender(ledger.path)
+    _step(restarted, 400.0, 0.001, 0.0, {"a-00000000": 1})
+    ledger.drain()
+    assert ledger.steps_lost == sender.dropped
+    assert ledger.describe()["steps_seen"] == received + 2
+
+
 def test_sending_to_no_server_drops_and_counts(tmp_path):
     sender = StepSender(str(tmp_path / "nobody.sock"))
     _step(sender, 0.0, 0.1, 0.1, {"a-00000000": 1})

@@ -7,7 +7,8 @@ the GIL from it for every step). `full` runs the server's five consumers on ever
 (the `llm.step` row, the engine second, the batch-size histogram, the step-time
 average, the live engine model); `bare` runs none, leaving the wake-up, the receive
 and the decode. The ledger thread's CPU (/proc, by its native id) per step received;
-the two alternate, order reversed every other round.
+the two alternate, order reversed every other round. Nothing else drains here, so the
+thread runs the consumers the server runs as a step is drained too.
 
     python -m bench.server_cpu.ledger_cost --rounds 5
 """
@@ -56,14 +57,15 @@ def consumers(log: TraceLog) -> list:
                              .get_meter("bench"))
     spans = RowSpans(lambda row: log.add("spans", row), WallClock())
     second = EngineSecond()
-    return [spans.step, second.on_step, lambda step: metrics.record_step(len(step.request_ids)),
-            LoadTracker(second).on_step, LiveEngineModel().on_step]
+    return [spans.step, second.on_step, lambda step: metrics.record_step(len(step.request_ids))], \
+        [LoadTracker(second).on_step, LiveEngineModel().on_step]
 
 
 def one_run(full: bool) -> float:
     """The ledger thread's CPU ms per step."""
     log = TraceLog(":memory:")
-    ledger = StepLedger(consumers(log) if full else []).start()
+    later, at_once = consumers(log) if full else ([], [])
+    ledger = StepLedger(later, at_once=at_once).start()
     stop = threading.Event()
 
     def spin() -> None:

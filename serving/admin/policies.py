@@ -73,6 +73,7 @@ def create_policy_router(runtime) -> APIRouter:
             # what the deadline check estimates with: the live engine model and the
             # online calibration of its estimate
             "engine_model": runtime.engine_model.describe(),
+            "step_probe": runtime.ledger.describe(),
             "calibration": runtime.predictor.calibration.describe(),
             # what every request waits behind: the server's own event loop
             "event_loop_lag": runtime.loop_lag.describe(),

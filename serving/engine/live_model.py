@@ -58,7 +58,8 @@ class LiveEngineModel:
         self.prior = _with_limits(self.prior, token_budget, chunk_cap, kv_capacity_tokens)
 
     def on_step(self, step: StepRecord) -> None:
-        """Ledger consumer (its own thread)."""
+        """Ledger consumer, run as the step is drained (on the event loop or the
+        ledger's thread, under the ledger's lock)."""
         with self._lock:
             self._steps.append((step.duration_s, len(step.request_ids), step.scheduled_tokens,
                                 step.attention_pairs))

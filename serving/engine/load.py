@@ -44,7 +44,8 @@ class LoadTracker:
         self.recent_step_s = 0.0
 
     def on_step(self, step: StepRecord) -> None:
-        """Ledger consumer (its own thread): a moving average of step time."""
+        """Ledger consumer, run as the step is drained (under the ledger's lock): a
+        moving average of step time."""
         alpha = STEP_EWMA_ALPHA if self.recent_step_s else 1.0
         self.recent_step_s += alpha * (step.duration_s - self.recent_step_s)
 

@@ -51,6 +51,14 @@ class _Tracked:
     on_chunk: Callable[[int], None] | None = None
 
 
+def _consume(consumers: list[Callable[[StepRecord], None]], record: StepRecord) -> None:
+    for consumer in consumers:
+        try:
+            consumer(record)
+        except Exception:  # a broken consumer must not stop step accounting
+            log.exception("step consumer failed")
+
+
 def _call_hook(hook: Callable, *args) -> None:
     try:
         hook(*args)
@@ -62,7 +70,8 @@ class StepLedger:
     """Owns the receiving socket and the per-request sampling tallies."""
 
     def __init__(self, consumers: list[Callable[[StepRecord], None]] | None = None,
-                 poll_s: float = 1.0, hold_s: float = 0.015):
+                 poll_s: float = 1.0, hold_s: float = 0.015,
+                 at_once: list[Callable[[StepRecord], None]] | None = None):
         self._dir = tempfile.mkdtemp(prefix="tailguard-steps-")
         self.path = os.path.join(self._dir, "steps.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -72,9 +81,17 @@ class StepLedger:
         self._tallies: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
         self._consumers = list(consumers or [])
+        # Cheap consumers that admission reads (the step time, the last step's end):
+        # run as each step is drained, on the loop before its outputs as often as not,
+        # so the deadline check never judges with a step up to a hold old.
+        self._at_once = list(at_once or [])
         self._poll_s, self._hold_s = poll_s, hold_s
         self._closed = threading.Event()
         self.steps_seen = 0
+        # Steps the probe numbered but we never got: dropped at a full socket (the
+        # engine counts them, in its own process) or torn. Seen as gaps in the index.
+        self.steps_lost = 0
+        self._last_index = 0
         self.wakeups = 0  # the thread's, for the benchmark and tests
         self._unpublished: deque[StepRecord] = deque()
         # True while steps come: the thread then wakes on its timer, not on the socket.
@@ -139,6 +156,7 @@ class StepLedger:
                 if record is not None:
                     self._unpublished.append(record)
                     count += 1
+                    _consume(self._at_once, record)
             if count and not self._active:
                 self._active = wake = True
         if wake and threading.current_thread() is not self._thread:
@@ -169,20 +187,24 @@ class StepLedger:
             if tracked is not None and tracked.on_prefilled is not None:
                 _call_hook(tracked.on_prefilled)
         self.steps_seen += 1
+        if index > self._last_index + 1 and self._last_index:
+            self.steps_lost += index - self._last_index - 1
+        self._last_index = index  # lower: a new engine process numbers from 1 again
         return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners), pairs)
+
+    def describe(self) -> dict:
+        """What `/admin/policies` shows of the probe: steps received and lost, and how
+        often the ledger's thread woke for them."""
+        return {"steps_seen": self.steps_seen, "steps_lost": self.steps_lost,
+                "thread_wakeups": self.wakeups, "hold_s": self._hold_s}
 
     def _publish(self) -> int:
         """Consumers (spans, engine stats) run on the ledger's thread, never on the
         event loop that may have drained the record; returns how many records."""
         count = 0
         while self._unpublished:
-            record = self._unpublished.popleft()
+            _consume(self._consumers, self._unpublished.popleft())
             count += 1
-            for consumer in self._consumers:
-                try:
-                    consumer(record)
-                except Exception:  # a broken consumer must not stop step accounting
-                    log.exception("step consumer failed")
         return count
 
     def _run(self) -> None:
@@ -235,7 +257,7 @@ class NoStepLedger:
     """The in-memory twin of `StepLedger` for an engine without the step probe (fakes
     in tests and benchmarks): it tracks nothing and never sees a step."""
 
-    steps_seen = 0
+    steps_seen = steps_lost = 0
 
     def track(self, *args, **kwargs) -> None:
         pass
