@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import duckdb
@@ -182,3 +183,42 @@ def test_a_stalled_load_does_not_stall_the_spool(db_path, monkeypatch):
     assert query_file(db_path, "SELECT count(*), count(DISTINCT request_id) "
                                "FROM requests").rows == [(5, 5)]
     assert not Path(db_path + ".spool").exists()
+
+
+def test_a_spool_write_the_disk_holds_shows_in_the_stats(db_path, monkeypatch):
+    """A slow disk holds the spool's fdatasync (a CI machine's ext4 image held it over
+    3 s while a load wrote DuckDB beside it, and a kill -9 lost rows completed 3 s
+    before): no row added since the last completed flush is durable, and the stats
+    say so. `spool_write_running_s` counts the held write, `last_flush_age_s` grows
+    past it; once the disk lets go, both come back."""
+    from observe.tracelog import spool
+
+    log = TraceLog(db_path, flush_interval_s=0.05, load_interval_s=3600)
+    log.add("requests", {"request_id": "r0", "arrival_ts": 1.7e9})
+    wait_until(lambda: log.stats()["rows_spooled"]["requests"] == 1, timeout_s=10)
+    entered, release = threading.Event(), threading.Event()
+    real_sync = os.fdatasync
+
+    def held(fd: int) -> None:
+        entered.set()
+        assert release.wait(30)
+        real_sync(fd)
+
+    monkeypatch.setattr(spool.os, "fdatasync", held)
+    before = time.monotonic()
+    log.add("requests", {"request_id": "r1", "arrival_ts": 1.7e9 + 1})
+    assert entered.wait(10)
+    time.sleep(0.3)
+    stats = log.stats()
+    assert stats["spool_write_running_s"] >= 0.3
+    assert stats["flush_running_s"] >= stats["spool_write_running_s"]
+    # r1 came after the last completed flush began: the age says it is not durable.
+    assert stats["last_flush_age_s"] > time.monotonic() - before
+    assert stats["rows_spooled"]["requests"] == 1
+    release.set()
+    wait_until(lambda: log.stats()["rows_spooled"]["requests"] == 2, timeout_s=10)
+    wait_until(lambda: log.stats()["spool_write_running_s"] == 0.0
+               and log.stats()["last_flush_age_s"] < 0.3, timeout_s=10)
+    monkeypatch.undo()
+    log.close()
+    assert query_file(db_path, "SELECT count(*) FROM requests").rows == [(2,)]

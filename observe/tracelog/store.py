@@ -16,6 +16,7 @@ DuckDB refuses for its content is dropped alone; the frames beside it go in.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable, Final
 
@@ -76,6 +77,7 @@ class FrameStore:
                            for spec, batches, rows in unloaded_frames(conn, path)]
             self.spool = Spool(path)
         self.spooled: dict[str, int] = {}  # rows by table durable in the spool, not in DuckDB
+        self.writing_since: float | None = None  # monotonic, while spool_new runs
         self._count_spooled()
 
     def rows(self) -> int:
@@ -95,6 +97,13 @@ class FrameStore:
 
     def spool_new(self) -> bool:
         """Append every frame not in the spool yet; False when the spool refused them."""
+        self.writing_since = time.monotonic()  # the wait for a trim's copy counts too
+        try:
+            return self._spool_new()
+        finally:
+            self.writing_since = None
+
+    def _spool_new(self) -> bool:
         with self._lock:
             fresh = [frame for frame in self.frames if not frame.spooled]
             if self.spool is None or not fresh:

@@ -8,16 +8,14 @@ fills) and appends them to the spool beside the file, where they are durable; ev
 DuckDB, one INSERT per table (observe/tracelog/store.py). An INSERT costs DuckDB 2-5
 ms of CPU whatever its size, a spool append a tenth of that: an INSERT a second was
 most of a lightly loaded server's trace-log cost. A reader sees every row of every
-completed flush, as before; `flush()` puts everything into DuckDB now. In memory
-there is no spool: the batches wait in memory for the load. The writer never raises a
-write failure into `add()`.
+completed flush; `flush()` puts everything into DuckDB now. In memory the batches
+wait for the load. The writer never raises a write failure into `add()`.
 
 Rows not in DuckDB count against `max_pending_rows`: once it is reached `add()` drops
 the *new* rows, so what survives a long outage is its oldest rows. `dropped` counts
 only rows lost for good: refused by `add()`, refused by DuckDB for their content, or
-neither in DuckDB nor in the spool at `close()`.
-
-The configuration and how the file is opened: observe/tracelog/setup.py.
+neither in DuckDB nor in the spool at `close()`. The configuration and how the file
+is opened: observe/tracelog/setup.py.
 """
 
 from __future__ import annotations
@@ -86,6 +84,8 @@ class TraceLog:
         self._pending = self._store.rows()  # spooled before an unclean stop
         self._flushes = self._loads = 0
         self._last_flush_s = self._last_load_s = 0.0
+        # Monotonic starts of the flush running now and of the last that spooled all.
+        self._flush_began = self._durable_before = None  # type: float | None
         self._closed = False
         if self._pending:
             log.warning("trace log %s: loading %d rows spooled before an unclean stop",
@@ -133,19 +133,23 @@ class TraceLog:
     def _spool(self) -> bool:
         """Take the buffered rows and make them durable in the spool; a writer behind
         leaves them to the load instead (caller holds _flush_lock)."""
-        started = time.perf_counter()
+        started, self._flush_began = time.perf_counter(), time.monotonic()
         taken = self._take_buffers()
-        if self._store.rows() >= self.config.max_buffer_rows:
+        behind = self._store.rows() >= self.config.max_buffer_rows
+        if behind:
             # Behind (bulk rows): DuckDB takes them next and its commit makes them
             # durable; spooling them first doubled such a flush's time.
             self._load_wake.set()
             ok = True
         else:
             ok = self._store.spool_new()
-        if taken:
-            with self._lock:
+        with self._lock:
+            if taken:
                 self._flushes += 1
                 self._last_flush_s = time.perf_counter() - started
+            if ok and not behind and self._store.spool is not None:
+                self._durable_before = self._flush_began  # every row added before it
+            self._flush_began = None
         return ok
 
     def _load(self) -> bool:
@@ -255,9 +259,17 @@ class TraceLog:
 
     def stats(self) -> dict[str, Any]:
         """Rows by table written (in DuckDB), dropped (lost for good) and spooled
-        (durable in the spool, not in DuckDB yet); pending: rows not in DuckDB yet."""
+        (in the spool, not in DuckDB yet); pending: not in DuckDB yet. Every row added
+        more than `last_flush_age_s` ago is durable; a slow disk shows in
+        `spool_write_running_s` (docs/trace-log.md)."""
+        now = time.monotonic()
         with self._lock:
-            return {"rows_written": dict(self.written), "rows_dropped": dict(self.dropped),
+            began, durable = self._flush_began, self._durable_before
+            writing = self._store.writing_since
+            return {"last_flush_age_s": None if durable is None else now - durable,
+                    "flush_running_s": 0.0 if began is None else now - began,
+                    "spool_write_running_s": 0.0 if writing is None else now - writing,
+                    "rows_written": dict(self.written), "rows_dropped": dict(self.dropped),
                     "flushes": self._flushes, "last_flush_s": self._last_flush_s,
                     "loads": self._loads, "last_load_s": self._last_load_s,
                     "pending_rows": self._pending,
