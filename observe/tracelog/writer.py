@@ -133,7 +133,7 @@ class TraceLog:
     def _spool(self) -> bool:
         """Take the buffered rows and make them durable in the spool; a writer behind
         leaves them to the load instead (caller holds _flush_lock)."""
-        started, self._flush_began = time.perf_counter(), time.monotonic()
+        self._flush_began = started = time.monotonic()
         taken = self._take_buffers()
         behind = self._store.rows() >= self.config.max_buffer_rows
         if behind:
@@ -146,9 +146,9 @@ class TraceLog:
         with self._lock:
             if taken:
                 self._flushes += 1
-                self._last_flush_s = time.perf_counter() - started
+                self._last_flush_s = time.monotonic() - started
             if ok and not behind and self._store.spool is not None:
-                self._durable_before = self._flush_began  # every row added before it
+                self._durable_before = started  # every row added before it
             self._flush_began = None
         return ok
 
