@@ -9,10 +9,10 @@ Two points, because what is known grows on the way in:
   and that suffices, else refuse at once with 429 and the predicted drain time as
   Retry-After), its predicted latency, any injected fault, then the limiter: a
   concurrency limit and a prefill gate in front of the engine, VIP, realtime and batch
-  lanes, earliest deadline first within each (`serving.limiter`).
-Each decision lands in the record's `policy_actions` (its span and row); a refusal
-comes back as a `Refusal` value, which the HTTP layer answers (`serving.errors`).
-The policy loop hands admission its decisions through `publish()`.
+  lanes, earliest deadline first within each (`serving.limiter`), and the same order
+  as the engine's priority. Each decision lands in `policy_actions` (span and row); a
+refusal is a `Refusal`, which the HTTP layer answers (`serving.errors`). The policy
+loop hands admission its decisions through `publish()`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from slo.policy.decisions import Decisions
 from slo.policy.length_classes import LengthClasses, class_of
 from slo.policy.retry_book import RetryBook
 from slo.policy.vip_stream import VipStream
-from slo.sim.lanes import LANE_VIP, kv_reserved_from, lane_of
+from slo.sim.lanes import LANE_VIP, engine_priority, kv_reserved_from, lane_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +51,12 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """Admission's yes: the prompt to send (maybe truncated) and its length. The engine
-    request now holds a slot until `Admission.release()`."""
+    """Admission's yes: the prompt to send (maybe truncated), its length, its engine
+    priority (`engine_priority`; 0 while the deadline policy is off: arrival order)."""
 
     prompt: object
     prompt_tokens: int
+    priority: int = 0
 
 
 def _shed(policy: str, retry_after_s: int) -> Refusal:
@@ -80,10 +81,10 @@ class Admission:
         self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
         self.vips = VipStream()  # VIP prompts admitted lately: work ahead still to come
         limiter.kv_free = self.kv_free_tokens  # the VIP reserve's reading
+        self.epoch = time.monotonic()  # engine priorities count deadlines from here
 
     def kv_free_tokens(self, usage: float | None = None) -> int:
-        """KV-cache tokens the engine has free at `usage` (default: its latest
-        statistics)."""
+        """KV-cache tokens free at `usage` (default: the engine's latest statistics)."""
         usage = self.load.kv_cache_usage if usage is None else usage
         return int(self.engine_model.model.kv_capacity_tokens * (1.0 - usage))
 
@@ -152,7 +153,8 @@ class Admission:
         except BaseException:
             self.load.release(prompt_tokens)
             raise
-        return Admitted(prompt, prompt_tokens)
+        return Admitted(prompt, prompt_tokens, 0 if d.deadline_margin is None else
+                        engine_priority(lane_of(rec), rec.arrival + (target or 0.0), self.epoch))
 
     def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
                    deadline: float = float("inf"), rank: int = 0) -> F.WorkAhead:
@@ -269,8 +271,7 @@ class Admission:
         return class_of(prompt_tokens, rec.length_bounds)
 
     def first_token(self, prompt_tokens: int, computed: int = 0) -> None:
-        """Its prefill is done: no longer work ahead of newcomers (`prompt_tokens`: what
-        was left of its prompt after `computed` of it)."""
+        """Its prefill (`prompt_tokens` left after `computed`) is done: not work ahead."""
         self.load.release(prompt_tokens, computed)
         self.limiter.prefilled(prompt_tokens, finished=True)
 

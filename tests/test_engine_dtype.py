@@ -37,3 +37,12 @@ def test_vllm_parses_the_chosen_dtype():
     expected = "float32" if cpu_dtype_flags([]) else "auto"
     assert args.dtype == expected
     assert vllm_namespace("some/model", None, ["--dtype", "bfloat16"]).dtype == "bfloat16"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ([], "priority"),  # admission's order (lane, then deadline) holds inside the engine
+    (["--scheduling-policy", "fcfs"], "fcfs"),  # the operator's choice wins
+    (["--scheduling-policy=fcfs"], "fcfs"),
+])
+def test_the_engine_schedules_by_priority_unless_chosen(extra, expected):
+    assert vllm_namespace("some/model", None, extra).scheduling_policy == expected

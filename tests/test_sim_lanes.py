@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 
 from observe import registry as R
-from slo.sim.lanes import LANE_VIP, Lanes, gate_fits, kv_fits, kv_reserved_from
+from slo.sim.lanes import (
+    LANE_PRIORITY_STEP,
+    LANE_VIP,
+    Lanes,
+    engine_priority,
+    gate_fits,
+    kv_fits,
+    kv_reserved_from,
+)
 from slo.sim.request import SimRequest
 
 
@@ -97,3 +105,21 @@ def test_a_realtime_waiter_too_late_for_its_slot_moves_to_the_batch_lane():
     assert late.priority == R.PRIORITY_BATCH and late.actions == ["demote:deadline"]
     assert fine.actions == untimed.actions == []
     assert list(lanes.pop_ready(lambda r: True)) == [untimed, fine, late]
+
+
+@pytest.mark.parametrize("lane, deadline, expected", [
+    (LANE_VIP, 100.25, 250),  # 250 ms after the epoch
+    (LANE_VIP, 99.0, 0),  # due before the epoch: first in its lane, never negative
+    (R.PRIORITY_REALTIME, 100.0, LANE_PRIORITY_STEP),
+    (R.PRIORITY_BATCH, 100.5, 2 * LANE_PRIORITY_STEP + 500),
+    (R.PRIORITY_REALTIME, 100.0 + 1e12, 2 * LANE_PRIORITY_STEP - 1),  # capped in its lane
+])
+def test_engine_priority_is_lane_then_deadline_in_ms(lane, deadline, expected):
+    assert engine_priority(lane, deadline, epoch_s=100.0) == expected
+
+
+def test_engine_priority_orders_a_short_vip_before_an_earlier_vip_document():
+    document = engine_priority(LANE_VIP, 0.05 + 1.0, 0.0)  # came first, due in 1 s
+    chat = engine_priority(LANE_VIP, 0.10 + 0.2, 0.0)  # came 50 ms later, due in 0.2 s
+    realtime = engine_priority(R.PRIORITY_REALTIME, 0.0, 0.0)  # due at once
+    assert sorted([realtime, document, chat]) == [chat, document, realtime]

@@ -39,7 +39,6 @@ from serving.engine.load import PrefillEnd
 from serving.engine.outputs import absorb, is_delta, prompt_length
 from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
 from serving.engine.step_receiver import StepLedger
-from slo.sim.lanes import LANES, lane_of
 
 log = logging.getLogger("tailguard")
 
@@ -78,9 +77,8 @@ class ObservedEngine:
         self._pumps: dict[str, set[asyncio.Task]] = {}  # HTTP request id -> its pumps
         # HTTP request id -> why its engine requests were cut short (until `outcome()`)
         self._outcomes: dict[str, Refusal | EngineFailure] = {}
-        # vLLM's priority scheduling (`--scheduling-policy priority`): the lanes become
-        # engine priorities (VIP 0, realtime 1, batch 2; smaller first), so the engine
-        # too serves realtime before batch, preempting batch work when it must.
+        # vLLM's priority scheduling (tailguard's default): admission's priority (lane,
+        # then deadline) orders the engine's waiting queue and picks who is preempted.
         scheduler = getattr(getattr(engine, "vllm_config", None), "scheduler_config", None)
         self.priority_lanes = getattr(scheduler, "policy", "fcfs") == "priority"
 
@@ -206,8 +204,8 @@ class ObservedEngine:
                 self._outcomes[rec.request_id] = verdict
                 raise NotAdmitted(verdict.message)
             prompt, prompt_tokens = verdict.prompt, verdict.prompt_tokens
-        if self.priority_lanes:
-            kwargs["priority"] = LANES.index(lane_of(rec))
+            if self.priority_lanes:
+                kwargs["priority"] = verdict.priority
         # vLLM's own mailbox: deltas merge while the reader lags, so an unread
         # stream holds one merged output, not one object per token.
         mailbox = self._mailbox_type(getattr(sampling_params, "output_kind", None),

@@ -31,6 +31,9 @@ from serving.engine.allocator import set_engine_env_defaults
 # passing the vLLM flag explicitly.
 CPU_ENV_DEFAULTS = {VLLM_CPU_KVCACHE_SPACE: "1"}
 DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni")
+# vLLM's priority scheduling, so admission's order (lane, then deadline) holds inside the
+# engine too (`slo.sim.lanes.engine_priority`); `--scheduling-policy fcfs` keeps vLLM's.
+DEFAULT_SCHEDULING = ("--scheduling-policy", "priority")
 # With --enforce-eager: torch.compile off in the engine processes too (an operator's
 # value wins).
 EAGER_ENV_DEFAULTS = {TORCH_COMPILE_DISABLE: "1"}
@@ -44,12 +47,19 @@ def vllm_namespace(model: str, served_name: str | None, extra: list[str]) -> Nam
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     argv = ["--model", model, *[f for f in DEFAULT_VLLM_FLAGS if f not in extra],
-            *cpu_dtype_flags(extra)]
+            *cpu_dtype_flags(extra), *scheduling_flags(extra)]
     if served_name:
         argv += ["--served-model-name", served_name]
     args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv + list(extra))
     args.disable_log_stats = False  # per-request timing needs the engine's stats
     return args
+
+
+def scheduling_flags(extra: list[str]) -> tuple[str, ...]:
+    """`--scheduling-policy priority` unless the operator chose a policy."""
+    if any(f == "--scheduling-policy" or f.startswith("--scheduling-policy=") for f in extra):
+        return ()
+    return DEFAULT_SCHEDULING
 
 
 def cpu_dtype_flags(extra: list[str], cpu_flags: set[str] | None = None) -> tuple[str, ...]:

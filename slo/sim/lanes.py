@@ -29,6 +29,23 @@ def lane_of(req) -> str:
     return LANE_VIP if req.vip else req.priority
 
 
+# Engine priorities (vLLM's `--scheduling-policy priority`, smaller first): the lane
+# first, then the deadline in milliseconds since the server started, so 10**12 ms (31
+# years) of deadlines fit inside a lane.
+LANE_PRIORITY_STEP: Final = 10**12
+
+
+def engine_priority(lane: str, deadline_s: float, epoch_s: float) -> int:
+    """The engine's order for a request (vLLM's waiting queue and its preemption
+    victim): its lane, then earliest deadline first. VIPs enter the engine at once, so
+    inside vLLM first-come order put a short VIP prompt due in 0.2 s behind a VIP
+    document due in 1 s that came 50 ms earlier; in two design 10x surges the late
+    VIPs had 1.9-2.6k VIP prompt tokens arrive in the 0.3 s before them, the on-time
+    ones 0.7-0.8k (docs/benchmarks.md, "Deadlines as engine priorities")."""
+    due_ms = min(LANE_PRIORITY_STEP - 1, max(0, int((deadline_s - epoch_s) * 1000)))
+    return LANES.index(lane) * LANE_PRIORITY_STEP + due_ms
+
+
 def enters_at_once(lane: str) -> bool:
     """VIPs are never held in front: they enter the engine at once, past the slot limit
     and the prefill gate. Held there, a short VIP prompt waited for the documents
