@@ -23,6 +23,7 @@ from serving.limiter import Limiter, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.sim.engine_model import attention_pairs
+from slo.sim.lanes import LANE_PRIORITY_STEP, LANE_VIP, LANES, engine_priority
 
 
 def _admission(decisions: Decisions, target_s: float = 0.5, limit: int = 8) -> Admission:
@@ -208,6 +209,42 @@ def test_with_the_deadline_policy_forced_off_nothing_is_refused_for_lateness():
     assert not isinstance(verdict, Refusal) and rec.policy_actions == []
     assert rec.ttft_estimate_s > 10  # the estimate is still made (breaker, prediction)
     assert rec.prediction.version == "engine-queue"
+
+
+@pytest.mark.parametrize("decisions, vip, priority, expected_lane", [
+    (Decisions(8, **DEADLINE), True, R.PRIORITY_REALTIME, LANE_VIP),
+    (Decisions(8, **DEADLINE), False, R.PRIORITY_REALTIME, R.PRIORITY_REALTIME),
+    (Decisions(8, **DEADLINE), False, R.PRIORITY_BATCH, R.PRIORITY_BATCH),
+    (Decisions(8), True, R.PRIORITY_REALTIME, None),  # deadline policy off: arrival order
+])
+def test_the_engine_priority_is_the_lane_then_the_deadline(decisions, vip, priority,
+                                                           expected_lane):
+    adm = _admission(decisions, target_s=0.2)
+    rec = _record(priority, vip=vip)
+    rec.arrival = adm.epoch + 1.5  # due 1.7 s after admission began counting
+    verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
+    expected = 0 if expected_lane is None else \
+        LANES.index(expected_lane) * LANE_PRIORITY_STEP + 1700
+    assert verdict.priority == expected
+
+
+def test_a_demoted_request_enters_the_engine_with_the_batch_lanes_priority():
+    async def scenario():
+        adm = _admission(Decisions(1, **DEADLINE), target_s=0.3, limit=1)
+        for _ in range(1000):  # a busy recent past: slots free up fast
+            await adm.limiter.acquire(R.PRIORITY_REALTIME)
+            adm.limiter.release()
+        await adm.limiter.acquire(R.PRIORITY_REALTIME)  # the engine's one slot is taken
+        rec = _record()
+        rec.arrival = time.monotonic()
+        task = asyncio.create_task(adm.admit(rec, _prompt(10), 10, 4))
+        await asyncio.sleep(0.4)  # past its target: it moves to the batch lane
+        adm.limiter.release()
+        return await task, rec, adm.epoch
+
+    verdict, rec, epoch = asyncio.run(scenario())
+    assert rec.policy_actions == ["demote:deadline"]
+    assert verdict.priority == engine_priority(R.PRIORITY_BATCH, rec.arrival + 0.3, epoch)
 
 
 def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():

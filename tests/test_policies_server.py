@@ -488,3 +488,34 @@ def test_overrides_survive_a_restart(guarded):
         assert complete(again, PLAIN).status_code == 503
     finally:
         stop_server(again)
+
+
+def test_the_engine_serves_a_short_vip_before_an_earlier_vip_document(guarded):
+    """vLLM's priority scheduling (tailguard's default) with admission's priority (lane,
+    then deadline): two VIP requests wait inside the engine for KV-cache room, a
+    document (due about 0.5 s after it came) and, 50 ms later, a short prompt (due 0.2
+    s after it came). In vLLM's first-come order the document would block the queue
+    until it fits; by deadline the short prompt goes first, into the room there is."""
+    settled(guarded)
+    capacity = policies(guarded)["engine_model"]["kv_capacity_tokens"]
+    holder_prompt = (capacity - 700) // 2 - 160  # two holders leave ~700 tokens free
+    with ThreadPoolExecutor(4) as pool:
+        holders = [pool.submit(complete, guarded, VIP, holder_prompt, 150, 180,
+                               f"holder {i} ") for i in range(2)]
+        wait_for(lambda: policies(guarded)["limiter"]["in_flight"] >= 2, timeout=60,
+                 every=0.05)
+        time.sleep(0.5)  # both prefilled: the cache holds them
+        document = pool.submit(complete, guarded, VIP, 1200, 2, 180, "document ")
+        time.sleep(0.05)
+        short = pool.submit(complete, guarded, VIP, 20, 2, 180, "short ")
+        rows = {name: request_row(guarded, f.result()) for name, f in
+                (("document", document), ("short", short), ("holder", holders[0]))}
+    doc, chat = rows["document"], rows["short"]
+    assert doc["status"] == chat["status"] == "ok", rows
+    assert doc["queue_s"] > 0.3, f"the document never waited for room: {doc}"
+
+    # In first-come order the short prompt could not be scheduled before the document
+    # was (at best in the same step); by deadline its first token comes while the
+    # document still waits.
+    chat_first = chat["arrival_ts"].timestamp() + chat["ttft_s"]
+    assert chat_first < doc["arrival_ts"].timestamp() + doc["queue_s"], (chat, doc)

@@ -135,6 +135,28 @@ def test_a_prompt_waiting_for_kv_room_holds_back_those_behind_it():
     assert second.first_token > first.end and third.first_token > first.end
 
 
+@pytest.mark.parametrize("priority_scheduling", [True, False])
+def test_with_priority_scheduling_a_short_vip_passes_a_vip_document_waiting_for_room(
+        priority_scheduling):
+    """As the server runs vLLM (tailguard's default): with the deadline policy on, the
+    engine's waiting prompts go by lane, then deadline (from the first policy tick, at
+    1 s). A VIP holder fills the cache; a VIP document (due at 3.3 s) waits for room; a
+    short VIP prompt 10 ms later (due at 1.51 s) fits what is free and starts at once.
+    In first-come order it waits behind the document until the holder ends."""
+    holder = SimRequest(1.0, 200, 50, vip=True, target_s=5.0)
+    document = SimRequest(1.3, 150, 1, vip=True, target_s=2.0)
+    short = SimRequest(1.31, 20, 1, vip=True, target_s=0.2)
+    sim = Simulator(model(kv_capacity_tokens=300), P.PolicyConfig(),
+                    priority_scheduling=priority_scheduling)
+    sim.run([holder, document, short])
+    assert holder.end > 1.7  # 2 prefill chunks, then 49 decodes (some beside others)
+    if priority_scheduling:
+        assert short.first_token < 1.31 + 0.05 and short.good
+        assert document.first_token > holder.end
+    else:
+        assert short.first_token > holder.end and not short.good
+
+
 def test_kv_growth_preempts_the_newest_request_which_is_recomputed_later():
     a, b = SimRequest(0.0, 100, 50), SimRequest(0.0, 100, 50)
     run([a, b], engine=model(kv_capacity_tokens=210))

@@ -52,7 +52,7 @@ from bench.common import command_line
 from bench.serving import vllm_client as C
 from serving.engine.allocator import find_tcmalloc
 from serving.engine.embedded_model import ensure_model
-from serving.engine.setup import cpu_dtype_flags
+from serving.engine.setup import cpu_dtype_flags, scheduling_flags
 
 NAME = "tailguard-tiny-llama"
 SIDES = ("vllm", "tailguard")
@@ -95,8 +95,9 @@ def vllm_command(model: str, port: int, engine_args: list[str]) -> list[str]:
 
 def servers(tmp: Path, engine_args: list[str], policies: str) -> dict:
     """Both servers on the same engine flags: the dtype tailguard would choose for this
-    CPU (float32 where bfloat16 is emulated) is given to vLLM too, unless set."""
-    engine_args = [*engine_args, *cpu_dtype_flags(engine_args)]
+    CPU (float32 where bfloat16 is emulated) and its scheduling policy (priority) are
+    given to vLLM too, unless set."""
+    engine_args = [*engine_args, *cpu_dtype_flags(engine_args), *scheduling_flags(engine_args)]
     model = str(ensure_model())
     ports = {side: _free_port() for side in SIDES}
     urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}

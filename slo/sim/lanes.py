@@ -42,7 +42,7 @@ def engine_priority(lane: str, deadline_s: float, epoch_s: float) -> int:
     document due in 1 s that came 50 ms earlier; in two design 10x surges the late
     VIPs had 1.9-2.6k VIP prompt tokens arrive in the 0.3 s before them, the on-time
     ones 0.7-0.8k (docs/benchmarks.md, "Deadlines as engine priorities")."""
-    due_ms = min(LANE_PRIORITY_STEP - 1, max(0, int((deadline_s - epoch_s) * 1000)))
+    due_ms = min(LANE_PRIORITY_STEP - 1, max(0, round((deadline_s - epoch_s) * 1000)))
     return LANES.index(lane) * LANE_PRIORITY_STEP + due_ms
 
 

@@ -30,6 +30,7 @@ class SimRequest:
     decoded: int = 0  # tokens generated since its last prefill (KV beyond `context`)
     started: bool = False  # its prefill began: it holds KV
     admitted: float | None = None
+    engine_priority: int = 0  # vLLM's order for it (smaller first; `lanes.engine_priority`)
     actions: list[str] = field(default_factory=list)
 
     @property

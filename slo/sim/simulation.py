@@ -3,9 +3,11 @@ decisions, the limiter's three lanes, prefill gate and VIP KV reserve,
 `slo.sim.lanes`) in front of a continuous-batching engine (`EngineModel`: chunked
 prefill within a token budget, one decode token per running request per step, vLLM's
 KV cache: a waiting prompt starts only when all of it fits what is free, blocks are
-taken chunk by chunk, the newest request is preempted when decodes outgrow it), with
-the real `PolicyEngine` stepped once per simulated second on the signals the server
-would have seen.
+taken chunk by chunk, the newest request is preempted when decodes outgrow it; with
+priority scheduling, tailguard's default, waiting prompts go in admission's order, lane
+then deadline, and the victim is the latest-due of the lowest lane), with the real
+`PolicyEngine` stepped once per simulated second on the signals the server would have
+seen.
 
 Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
 same engine model, work ahead in the request's lane, the slot wait from the recent
@@ -28,6 +30,7 @@ from slo.sim.lanes import (
     LANE_VIP,
     Lanes,
     deadline_of,
+    engine_priority,
     enters_at_once,
     gate_fits,
     kv_fits,
@@ -42,10 +45,12 @@ RELEASE_WINDOW_S = 10.0  # serving.limiter's: the release rate behind the slot w
 
 class Simulator:
     def __init__(self, model: EngineModel, config: P.PolicyConfig | None,
-                 limit: int | None = None):
+                 limit: int | None = None, priority_scheduling: bool = True):
         """`config` None: no policies; the concurrency limit stays at `limit` (default
-        the config's `batch_initial`)."""
+        the config's `batch_initial`); `priority_scheduling` False: vLLM's first-come
+        order (`--scheduling-policy fcfs`)."""
         self.model = model
+        self.priority_scheduling = priority_scheduling
         self.config = config or P.PolicyConfig()
         self.policies = (PolicyEngine(self.config, lambda *a: None, lambda *a: None)
                          if config is not None else None)
@@ -155,6 +160,8 @@ class Simulator:
                 self._reject(req, "admission_timeout")
                 continue
             req.admitted = self.now
+            if self.priority_scheduling and d.deadline_margin is not None:
+                req.engine_priority = engine_priority(lane_of(req), deadline_of(req), 0.0)
             self.running.append(req)
 
     def _pending_prefill(self) -> list[int]:
@@ -198,7 +205,8 @@ class Simulator:
         # vLLM caps each prompt's chunk only while another request is in the engine
         cap = (self.model.prefill_chunk_cap or budget) if len(self.running) > 1 else budget
         chunks = []
-        for r in sorted(self.running, key=lambda r: not r.started):
+        for r in sorted(self.running, key=lambda r: (not r.started,
+                                                     0 if r.started else r.engine_priority)):
             if budget <= 0:
                 break
             if not r.started:
@@ -229,7 +237,8 @@ class Simulator:
             decoding = [r for r in self.running if r.started and r.prefilled >= r.context]
             if self._kv_allocated() + len(decoding) <= self.model.kv_capacity_tokens:
                 return decoding
-            victim = next(r for r in reversed(self.running) if r.started)
+            started = [r for r in self.running if r.started]
+            victim = max(reversed(started), key=lambda r: r.engine_priority)
             victim.started, victim.prefilled, victim.decoded = False, 0, 0
             victim.context = victim.prompt + victim.generated  # recomputed when resumed
             victim.actions.append("preempted")
