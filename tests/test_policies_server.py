@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import datetime
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -517,5 +518,7 @@ def test_the_engine_serves_a_short_vip_before_an_earlier_vip_document(guarded):
     # In first-come order the short prompt could not be scheduled before the document
     # was (at best in the same step); by deadline its first token comes while the
     # document still waits.
-    chat_first = chat["arrival_ts"].timestamp() + chat["ttft_s"]
-    assert chat_first < doc["arrival_ts"].timestamp() + doc["queue_s"], (chat, doc)
+    def at(row) -> float:
+        return datetime.fromisoformat(row["arrival_ts"]).timestamp()
+
+    assert at(chat) + chat["ttft_s"] < at(doc) + doc["queue_s"], (chat, doc)
