@@ -475,22 +475,6 @@ def test_a_blocked_event_loop_shows_in_the_lag_histogram_and_the_admin_view(guar
     assert probe["steps_seen"] > 0 and probe["steps_lost"] == 0, probe
 
 
-def test_overrides_survive_a_restart(guarded):
-    """Last in this module: it stops the module's server and starts another on the same
-    trace log (a second server of its own would cost another engine start)."""
-    assert override(guarded, "vip_only", "force_on", "maintenance", ttl_s=3600,
-                    actor="alice").status_code == 200
-    stop_server(guarded)
-    again = _start(guarded.db.parent)
-    try:
-        vip_only = next(p for p in policies(again)["policies"] if p["policy"] == "vip_only")
-        assert vip_only["effective"] == "active"
-        assert vip_only["override"]["actor"] == "alice via 127.0.0.1"
-        assert complete(again, PLAIN).status_code == 503
-    finally:
-        stop_server(again)
-
-
 def test_the_engine_serves_a_short_vip_before_an_earlier_vip_document(guarded):
     """vLLM's priority scheduling (tailguard's default) with admission's priority (lane,
     then deadline): two VIP requests wait inside the engine for KV-cache room, a
@@ -522,3 +506,19 @@ def test_the_engine_serves_a_short_vip_before_an_earlier_vip_document(guarded):
         return datetime.fromisoformat(row["arrival_ts"]).timestamp()
 
     assert at(chat) + chat["ttft_s"] < at(doc) + doc["queue_s"], (chat, doc)
+
+
+def test_overrides_survive_a_restart(guarded):
+    """Last in this module: it stops the module's server and starts another on the same
+    trace log (a second server of its own would cost another engine start)."""
+    assert override(guarded, "vip_only", "force_on", "maintenance", ttl_s=3600,
+                    actor="alice").status_code == 200
+    stop_server(guarded)
+    again = _start(guarded.db.parent)
+    try:
+        vip_only = next(p for p in policies(again)["policies"] if p["policy"] == "vip_only")
+        assert vip_only["effective"] == "active"
+        assert vip_only["override"]["actor"] == "alice via 127.0.0.1"
+        assert complete(again, PLAIN).status_code == 503
+    finally:
+        stop_server(again)
