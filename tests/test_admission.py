@@ -228,25 +228,6 @@ def test_the_engine_priority_is_the_lane_then_the_deadline(decisions, vip, prior
     assert verdict.priority == expected
 
 
-def test_a_demoted_request_enters_the_engine_with_the_batch_lanes_priority():
-    async def scenario():
-        adm = _admission(Decisions(1, **DEADLINE), target_s=0.3, limit=1)
-        for _ in range(1000):  # a busy recent past: slots free up fast
-            await adm.limiter.acquire(R.PRIORITY_REALTIME)
-            adm.limiter.release()
-        await adm.limiter.acquire(R.PRIORITY_REALTIME)  # the engine's one slot is taken
-        rec = _record()
-        rec.arrival = time.monotonic()
-        task = asyncio.create_task(adm.admit(rec, _prompt(10), 10, 4))
-        await asyncio.sleep(0.4)  # past its target: it moves to the batch lane
-        adm.limiter.release()
-        return await task, rec, adm.epoch
-
-    verdict, rec, epoch = asyncio.run(scenario())
-    assert rec.policy_actions == ["demote:deadline"]
-    assert verdict.priority == engine_priority(R.PRIORITY_BATCH, rec.arrival + 0.3, epoch)
-
-
 def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
     async def scenario():
         adm = _admission(Decisions(1, **DEADLINE), 0.5, limit=1)
@@ -463,7 +444,8 @@ def test_a_waiter_gives_up_after_max_wait_and_leaves_the_queue():
 
 def test_a_realtime_waiter_whose_slot_comes_too_late_moves_to_the_batch_lane():
     """Admitted on the slot-wait estimate (one release every 10 ms lately), but the
-    slot does not come: at its deadline less its own prefill it changes lane."""
+    slot does not come: at its deadline less its own prefill it changes lane, and
+    enters the engine with the batch lane's priority."""
     async def scenario():
         adm = _admission(Decisions(1, **DEADLINE), target_s=0.3, limit=1)
         for _ in range(1000):  # a busy recent past: slots free up fast
@@ -476,12 +458,12 @@ def test_a_realtime_waiter_whose_slot_comes_too_late_moves_to_the_batch_lane():
         await asyncio.sleep(0.4)  # past its 300 ms target, still waiting
         waiting_in = [lane for lane, q in adm.limiter._lanes.items() if q]
         adm.limiter.release()
-        await task
-        return rec, waiting_in
+        return rec, waiting_in, await task, adm.epoch
 
-    rec, waiting_in = asyncio.run(scenario())
+    rec, waiting_in, verdict, epoch = asyncio.run(scenario())
     assert waiting_in == [R.PRIORITY_BATCH]
     assert rec.priority == R.PRIORITY_BATCH and rec.policy_actions == ["demote:deadline"]
+    assert verdict.priority == engine_priority(R.PRIORITY_BATCH, rec.arrival + 0.3, epoch)
 
 
 def test_without_overload_a_realtime_waiter_keeps_its_lane():
