@@ -9,10 +9,10 @@ Two points, because what is known grows on the way in:
   and that suffices, else refuse at once with 429 and the predicted drain time as
   Retry-After), its predicted latency, any injected fault, then the limiter: a
   concurrency limit and a prefill gate in front of the engine, VIP, realtime and batch
-  lanes, earliest deadline first within each (`serving.limiter`), and the same order
-  as the engine's priority. Each decision lands in `policy_actions` (span and row); a
-refusal is a `Refusal`, which the HTTP layer answers (`serving.errors`). The policy
-loop hands admission its decisions through `publish()`.
+  lanes, earliest deadline first within each (`serving.limiter`); the same order is
+  the request's engine priority (`Admitted.priority`).
+Each decision lands in `policy_actions` (span and row); a refusal is a `Refusal`,
+which the HTTP layer answers (`serving.errors`); `publish()` takes the policy loop's decisions.
 """
 
 from __future__ import annotations

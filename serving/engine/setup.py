@@ -55,11 +55,14 @@ def vllm_namespace(model: str, served_name: str | None, extra: list[str]) -> Nam
     return args
 
 
+def _chosen(extra: list[str], flag: str) -> bool:
+    """Whether the operator's flags set `flag` (`--flag V` or `--flag=V`)."""
+    return any(f == flag or f.startswith(flag + "=") for f in extra)
+
+
 def scheduling_flags(extra: list[str]) -> tuple[str, ...]:
     """`--scheduling-policy priority` unless the operator chose a policy."""
-    if any(f == "--scheduling-policy" or f.startswith("--scheduling-policy=") for f in extra):
-        return ()
-    return DEFAULT_SCHEDULING
+    return () if _chosen(extra, "--scheduling-policy") else DEFAULT_SCHEDULING
 
 
 def cpu_dtype_flags(extra: list[str], cpu_flags: set[str] | None = None) -> tuple[str, ...]:
@@ -67,7 +70,7 @@ def cpu_dtype_flags(extra: list[str], cpu_flags: set[str] | None = None) -> tupl
     nor AMX), unless the operator chose a dtype: vLLM's CPU default, bfloat16, is then
     emulated and ~4x slower than float32 (a 512-token prefill of the embedded model:
     0.47-0.59 s against 0.13 s on an AVX2-only EPYC; docs/benchmarks.md)."""
-    if any(f == "--dtype" or f.startswith("--dtype=") for f in extra):
+    if _chosen(extra, "--dtype"):
         return ()
     if cpu_flags is None:
         if not _engine_runs_on_cpu():

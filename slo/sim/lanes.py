@@ -39,9 +39,9 @@ def engine_priority(lane: str, deadline_s: float, epoch_s: float) -> int:
     """The engine's order for a request (vLLM's waiting queue and its preemption
     victim): its lane, then earliest deadline first. VIPs enter the engine at once, so
     inside vLLM first-come order put a short VIP prompt due in 0.2 s behind a VIP
-    document due in 1 s that came 50 ms earlier; in two design 10x surges the late
-    VIPs had 1.9-2.6k VIP prompt tokens arrive in the 0.3 s before them, the on-time
-    ones 0.7-0.8k (docs/benchmarks.md, "Deadlines as engine priorities")."""
+    document due in 1 s that came 50 ms earlier; in five 10x surges in first-come order
+    the late VIPs had 0.7-2.0k VIP prompt tokens arrive in the 0.3 s before them, the
+    on-time ones 0.3-0.8k (docs/benchmarks.md, "Deadlines as engine priorities")."""
     due_ms = min(LANE_PRIORITY_STEP - 1, max(0, round((deadline_s - epoch_s) * 1000)))
     return LANES.index(lane) * LANE_PRIORITY_STEP + due_ms
 
