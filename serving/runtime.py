@@ -30,7 +30,7 @@ from serving.compat.responses import ResponsesServing
 from serving.config import ServerConfig
 from serving.engine.allocator import freeze_heap, thaw_heap
 from serving.engine.fault_injection import FaultInjector
-from serving.engine.live_model import LiveEngineModel
+from serving.engine.live_model import LiveEngineModel, engine_limits
 from serving.engine.load import LoadTracker, ResidentBytes
 from serving.engine.observed import ObservedEngine
 from serving.engine.setup import start_engine, vllm_namespace
@@ -213,11 +213,9 @@ class Runtime:
         engine = await asyncio.to_thread(start_engine, self._args,
                                          [stat_logger_factory(self.second)])
         started = time.monotonic()
-        scheduler, cache = engine.vllm_config.scheduler_config, engine.vllm_config.cache_config
-        cap = int(scheduler.long_prefill_token_threshold or 0)
-        self.engine_model.set_engine_limits(scheduler.max_num_batched_tokens, cap,
-                                            (cache.num_gpu_blocks or 0) * cache.block_size)
-        self.guard.limiter.prefill_chunk_cap = cap
+        limits = engine_limits(engine.vllm_config)
+        self.engine_model.set_engine_limits(**limits)
+        self.guard.limiter.prefill_chunk_cap = limits["chunk_cap"]
         self.warmup_gate.warming()
         calls = await warm_up(engine, engine.model_config.max_model_len,
                               engine.model_config.get_vocab_size(), measure=not restart)

@@ -3,6 +3,7 @@ file no server holds), in simulated time on an engine model calibrated from it."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
@@ -59,9 +60,17 @@ def _float_list(text: str) -> list[float]:
               help="Capacity mode: load factors, e.g. 10,100 (times the recorded rate).")
 @click.option("--replicas", default="1,2,4,8,16,32,64,128", show_default=True,
               callback=lambda c, p, v: _int_list(v), help="Capacity mode: replica counts.")
+@click.option("--chunk-cap", type=click.IntRange(min=0), default=256, show_default=True,
+              help="The engine's per-request prefill chunk cap (vLLM's "
+                   "--long-prefill-token-threshold; tailguard serve's default, 256, "
+                   "adaptive); 0 for an engine without one.")
+@click.option("--fixed-cap", is_flag=True,
+              help="The cap as a fixed one (an engine run with "
+                   "--no-long-prefill-token-threshold-adaptive).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
               show_default=True)
-def replay(db, calibration_db, candidate, baseline, loads, replicas, fmt):
+def replay(db, calibration_db, candidate, baseline, loads, replicas, chunk_cap, fixed_cap,
+           fmt):
     """Replay a recorded run through the policy engine on a calibrated engine model.
 
     No --policies: replays the run as recorded and reports the simulator's error
@@ -78,6 +87,9 @@ def replay(db, calibration_db, candidate, baseline, loads, replicas, fmt):
             _query(db), _query(calibration_db) if calibration_db else None)
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
+    # the log does not say how the engine capped chunks: as the operator tells
+    model = dataclasses.replace(model, prefill_chunk_cap=chunk_cap,
+                                prefill_cap_adaptive=bool(chunk_cap) and not fixed_cap)
     base = _policies(baseline)
     chosen = _policies(candidate) if candidate and not loads else None  # --load wins
     result = replay_report(model, recorded, base, chosen, loads, replicas,

@@ -46,3 +46,15 @@ def test_vllm_parses_the_chosen_dtype():
 ])
 def test_the_engine_schedules_by_priority_unless_chosen(extra, expected):
     assert vllm_namespace("some/model", None, extra).scheduling_policy == expected
+
+
+@pytest.mark.parametrize("extra, threshold, adaptive", [
+    ([], 256, True),  # the adaptive cap: a busy engine's steps hold 256-token chunks
+    (["--long-prefill-token-threshold", "0"], 0, False),  # off
+    (["--long-prefill-token-threshold=512"], 512, False),  # the operator's threshold
+    (["--no-long-prefill-token-threshold-adaptive"], 256, False),  # a fixed cap
+])
+def test_the_engine_caps_prefill_chunks_adaptively_unless_chosen(extra, threshold, adaptive):
+    args = vllm_namespace("some/model", None, extra)
+    assert (args.long_prefill_token_threshold, args.long_prefill_token_threshold_adaptive) \
+        == (threshold, adaptive)

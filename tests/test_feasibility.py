@@ -9,6 +9,7 @@ prompt takes one 60 ms step (+20 ms) and a full step costs 110 ms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -198,6 +199,35 @@ def test_under_a_chunk_cap_the_step_in_progress_holds_a_chunk_of_each_prompt(
         running, tokens, prompts, chunk):
     assert F.in_progress_chunk(CAPPED, running, tokens, prompts) == chunk
     assert F.in_progress_chunk(MODEL, running, tokens, prompts) == min(1000 - running, tokens)
+
+
+# vLLM's adaptive cap (long_prefill_token_threshold_adaptive): never below the budget's
+# fair share among the requests in the engine, so a light engine keeps big chunks.
+ADAPTIVE = dataclasses.replace(CAPPED, prefill_cap_adaptive=True)
+
+
+@pytest.mark.parametrize("in_engine,fixed,adaptive", [
+    (0, 0, 0),
+    (1, 0, 0),  # alone: no cap either way (nobody to starve)
+    (2, 250, 500),  # a fair share of 1,000 between two is over the cap
+    (3, 250, 333),
+    (4, 250, 250),
+    (10, 250, 250),  # the share (100) is under the cap: the cap holds
+])
+def test_the_chunk_cap_follows_vllms_rule(in_engine, fixed, adaptive):
+    assert CAPPED.chunk_cap(in_engine) == fixed
+    assert ADAPTIVE.chunk_cap(in_engine) == adaptive
+    assert MODEL.chunk_cap(in_engine) == 0
+
+
+def test_beside_one_decode_the_adaptive_cap_prefills_a_prompt_in_one_step():
+    one_decode = F.WorkAhead(0, 1)
+    assert F.first_token_s(ADAPTIVE, 500, one_decode) == pytest.approx(
+        0.02 + 0.01 + 0.0001 * 501)
+    assert F.first_token_s(CAPPED, 500, one_decode) == pytest.approx(
+        0.02 + 2 * 0.01 + 0.0001 * 502)  # two chunks of 250, a decode beside each
+    assert F.in_progress_chunk(ADAPTIVE, 1, 2500, 1) == 500
+    assert F.in_progress_chunk(ADAPTIVE, 20, 2500, 1) == 250
 
 
 # KV-cache room: vLLM starts a waiting prompt only once all of it fits the free KV cache

@@ -5,12 +5,19 @@ clock; what /admin/policies shows."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from observe.stats import StepRecord
-from serving.engine.live_model import MIN_STEPS, PRIOR, REFIT_S, LiveEngineModel
+from serving.engine.live_model import (
+    MIN_STEPS,
+    PRIOR,
+    REFIT_S,
+    LiveEngineModel,
+    engine_limits,
+)
 from slo.sim.engine_model import fit_steps
 
 # a made-up engine: 5 ms a step, 1 ms a sequence, 0.2 ms a token, 10 ns an attention pair
@@ -68,3 +75,23 @@ def test_describe_is_json_safe_and_says_where_the_model_comes_from():
     shown = live.describe()
     json.dumps(shown, allow_nan=False)
     assert shown["source"] == "prior" and shown["fit_r2"] is None and shown["steps_seen"] == 0
+
+
+def test_the_engines_limits_and_its_adaptive_chunk_cap_survive_every_refit():
+    config = SimpleNamespace(
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=1024,
+                                         long_prefill_token_threshold=256,
+                                         long_prefill_token_threshold_adaptive=True),
+        cache_config=SimpleNamespace(num_gpu_blocks=100, block_size=16))
+    limits = engine_limits(config)
+    assert limits == {"token_budget": 1024, "chunk_cap": 256, "cap_adaptive": True,
+                      "kv_capacity_tokens": 1600}
+    live = LiveEngineModel()
+    live.set_engine_limits(**limits)
+    for i in range(MIN_STEPS):
+        live.on_step(step(i, 1 + i % 5, 10 + 53 * i % 700))
+    model = live.refit(now=0.0)
+    assert model.steps_fitted == MIN_STEPS
+    assert (model.token_budget, model.prefill_chunk_cap, model.prefill_cap_adaptive,
+            model.kv_capacity_tokens) == (1024, 256, True, 1600)
+    assert model.chunk_cap(2) == 512 and model.chunk_cap(8) == 256 and model.chunk_cap(1) == 0

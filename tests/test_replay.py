@@ -94,6 +94,17 @@ def test_under_a_chunk_cap_a_short_prompt_is_prefilled_beside_a_document():
     assert alone.first_token == pytest.approx(0.11 * 3)
 
 
+def test_under_the_adaptive_cap_prompts_share_the_budget_at_least_fairly():
+    """long_prefill_token_threshold_adaptive: the cap is never below the budget's fair
+    share among the requests in the engine: two get 50 tokens a step each, not 20."""
+    doc, short = SimRequest(0.0, 300, 1), SimRequest(0.0, 50, 1)
+    run([doc, short], engine=model(prefill_chunk_cap=20, prefill_cap_adaptive=True))
+    assert short.first_token == pytest.approx(0.01 + 0.1)  # doc 50 + short 50
+    doc, short = SimRequest(0.0, 300, 1), SimRequest(0.0, 50, 1)
+    run([doc, short], engine=model(prefill_chunk_cap=20))
+    assert short.first_token == pytest.approx(2 * 0.05 + 0.04)  # 20 + 20 twice, 20 + 10
+
+
 def test_a_prompt_waits_until_it_fits_the_kv_cache():
     a, b = SimRequest(0.0, 200, 2), SimRequest(0.0, 200, 1)
     run([a, b], engine=model(kv_capacity_tokens=300))
@@ -607,6 +618,19 @@ def test_cli_json(trace):
         data["simulated"]["attainment"] - data["actual"]["attainment"])
 
 
+def test_cli_models_the_engines_chunk_cap_as_told(trace):
+    """The log does not say how the engine capped prefill chunks: tailguard serve's
+    default (256, adaptive) unless the operator says otherwise."""
+    def model(*args: str) -> dict:
+        out = invoke("--db", trace, "--format", "json", *args)
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)["model"]
+
+    shown = [(m["prefill_chunk_cap"], m["prefill_cap_adaptive"]) for m in (
+        model(), model("--chunk-cap", "0"), model("--chunk-cap", "128", "--fixed-cap"))]
+    assert shown == [(256, True), (0, False), (128, False)]
+
+
 def test_cli_compares_with_a_policies_file(trace, tmp_path):
     policies = tmp_path / "stricter.yaml"
     policies.write_text("queue_depth: 3\n")
@@ -654,6 +678,7 @@ def test_cli_calibrates_on_another_recording(trace, tmp_path):
     (["--db", "{trace}", "--replicas", "1,x"], "'1,x' is not a comma-separated list"),
     (["--db", "{trace}", "--load", "abc"], "'abc' is not a comma-separated list of numbers"),
     (["--db", "{trace}", "--load", "0"], "load factors are positive"),
+    (["--db", "{trace}", "--chunk-cap", "-1"], "-1 is not in the range x>=0"),
     (["--db", "{trace}", "--policies", "{tmp}/typo.yaml"],
      "unknown field(s) queue_dept"),
     (["--db", "{trace}", "--baseline", "{tmp}/bad.yaml"],

@@ -9,7 +9,8 @@ so a fresh server is calibrated before its first request). Until `MIN_STEPS` ste
 have been seen it is the shipped prior: the embedded model on a 2-core CPU box,
 measured (`docs/policies.md`).
 The token budget is the engine's own `max_num_batched_tokens`, the per-request chunk cap
-its `long_prefill_token_threshold`.
+its `long_prefill_token_threshold` (and whether it is adaptive), read from the engine's
+configuration once it has started (`engine_limits`).
 """
 
 from __future__ import annotations
@@ -51,11 +52,13 @@ class LiveEngineModel:
         self._pending_since: float | None = None  # work has waited since (monotonic)
 
     def set_engine_limits(self, token_budget: int, chunk_cap: int = 0,
-                          kv_capacity_tokens: int = 0) -> None:
-        """The engine's max_num_batched_tokens, long_prefill_token_threshold and KV-cache
-        size in tokens (known once it has started; 0: keep the prior's)."""
-        self.model = _with_limits(self.model, token_budget, chunk_cap, kv_capacity_tokens)
-        self.prior = _with_limits(self.prior, token_budget, chunk_cap, kv_capacity_tokens)
+                          kv_capacity_tokens: int = 0, cap_adaptive: bool = False) -> None:
+        """The engine's max_num_batched_tokens, long_prefill_token_threshold (adaptive
+        or not) and KV-cache size in tokens (known once it has started; 0: keep the
+        prior's)."""
+        limits = (token_budget, chunk_cap, kv_capacity_tokens, cap_adaptive)
+        self.model = _with_limits(self.model, *limits)
+        self.prior = _with_limits(self.prior, *limits)
 
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer, run as the step is drained (on the event loop or the
@@ -82,6 +85,7 @@ class LiveEngineModel:
             return self.model
         self.model = EngineModel(*map(float, coef), token_budget=self.model.token_budget,
                                  prefill_chunk_cap=self.model.prefill_chunk_cap,
+                                 prefill_cap_adaptive=self.model.prefill_cap_adaptive,
                                  kv_capacity_tokens=self.prior.kv_capacity_tokens,
                                  overhead_s=self.prior.overhead_s, steps_fitted=len(data),
                                  fit_r2=r2)
@@ -111,10 +115,20 @@ class LiveEngineModel:
         return max(0.0, now - max(self.last_step_end, self._pending_since))
 
 
+def engine_limits(vllm_config) -> dict:
+    """`set_engine_limits`' arguments, from a started engine's `vllm_config`."""
+    scheduler, cache = vllm_config.scheduler_config, vllm_config.cache_config
+    return {"token_budget": scheduler.max_num_batched_tokens,
+            "chunk_cap": int(scheduler.long_prefill_token_threshold or 0),
+            "cap_adaptive": bool(scheduler.long_prefill_token_threshold_adaptive),
+            "kv_capacity_tokens": (cache.num_gpu_blocks or 0) * cache.block_size}
+
+
 def _with_limits(model: EngineModel, token_budget: int | None, chunk_cap: int = 0,
-                 kv_capacity_tokens: int = 0) -> EngineModel:
+                 kv_capacity_tokens: int = 0, cap_adaptive: bool = False) -> EngineModel:
     limits = {"token_budget": int(token_budget or model.token_budget),
               "prefill_chunk_cap": int(chunk_cap),
+              "prefill_cap_adaptive": bool(cap_adaptive),
               "kv_capacity_tokens": int(kv_capacity_tokens or model.kv_capacity_tokens)}
     if all(getattr(model, name) == value for name, value in limits.items()):
         return model

@@ -34,6 +34,14 @@ DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni"
 # vLLM's priority scheduling, so admission's order (lane, then deadline) holds inside the
 # engine too (`slo.sim.lanes.engine_priority`); `--scheduling-policy fcfs` keeps vLLM's.
 DEFAULT_SCHEDULING = ("--scheduling-policy", "priority")
+# vLLM's per-request prefill chunk cap, adaptive: while the engine is busy no prompt
+# takes more than 256 tokens of a step (so a short, urgent prompt is not held behind a
+# document's whole chunk), but never less than the step's fair share among the requests
+# in the engine, and none alone (light load keeps whole-budget chunks). Chosen and
+# measured in docs/benchmarks.md ("A prefill chunk cap under load");
+# `--long-prefill-token-threshold 0` turns it off.
+DEFAULT_PREFILL_CAP = ("--long-prefill-token-threshold", "256",
+                       "--long-prefill-token-threshold-adaptive")
 # With --enforce-eager: torch.compile off in the engine processes too (an operator's
 # value wins).
 EAGER_ENV_DEFAULTS = {TORCH_COMPILE_DISABLE: "1"}
@@ -61,8 +69,12 @@ def _chosen(extra: list[str], flag: str) -> bool:
 
 
 def scheduling_flags(extra: list[str]) -> tuple[str, ...]:
-    """`--scheduling-policy priority` unless the operator chose a policy."""
-    return () if _chosen(extra, "--scheduling-policy") else DEFAULT_SCHEDULING
+    """`--scheduling-policy priority` unless the operator chose a policy, and the
+    adaptive prefill chunk cap unless they chose a threshold (their flags come after
+    these, so `--no-long-prefill-token-threshold-adaptive` wins too)."""
+    policy = () if _chosen(extra, "--scheduling-policy") else DEFAULT_SCHEDULING
+    cap = () if _chosen(extra, "--long-prefill-token-threshold") else DEFAULT_PREFILL_CAP
+    return (*policy, *cap)
 
 
 def cpu_dtype_flags(extra: list[str], cpu_flags: set[str] | None = None) -> tuple[str, ...]:

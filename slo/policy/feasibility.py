@@ -128,8 +128,7 @@ def in_progress_chunk(model: EngineModel, running: int, prefill_tokens: int,
     each prompt while another request is there. They are done when the step is: not
     work ahead after it."""
     chunk = min(max(0, model.token_budget - running), max(0, prefill_tokens))
-    cap = model.prefill_chunk_cap
-    if cap and (running or prompts > 1):
+    if cap := model.chunk_cap(running + max(1, prompts)):
         chunk = min(chunk, max(1, prompts) * cap)
     return chunk
 
@@ -169,10 +168,10 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
     every prompt gets at most `cap` tokens a step: its own advances from the first step
     beside those ahead, which take what their caps allow of each step meanwhile,
     as long as the step's budget holds them all; if it cannot, arrival order again."""
-    cap, own_pairs = model.prefill_chunk_cap, attention_pairs(0, prompt_tokens)
-    room = model.token_budget - ahead.running
+    cap = model.chunk_cap(ahead.running + ahead.prompts + 1)
+    own_pairs, room = attention_pairs(0, prompt_tokens), model.token_budget - ahead.running
     beside = min(ahead.prompts * cap, ahead.prefill_tokens)  # ahead's tokens a step
-    if not cap or not (ahead.running or ahead.prompts) or beside + min(cap, prompt_tokens) > room:
+    if not cap or beside + min(cap, prompt_tokens) > room:
         return prefill_s(model, ahead.prefill_tokens + prompt_tokens, ahead.running,
                          ahead.prefill_pairs + own_pairs)
     if prompt_tokens <= 0:

@@ -63,6 +63,8 @@ class EngineModel:
     # the most prompt tokens one request gets a step while another is in the engine
     # (vLLM's long_prefill_token_threshold; 0: none, a prompt takes the whole budget)
     prefill_chunk_cap: int = 0
+    # vLLM's long_prefill_token_threshold_adaptive: the cap never below a fair share
+    prefill_cap_adaptive: bool = False
     steps_fitted: int = 0
     fit_r2: float = float("nan")
 
@@ -79,6 +81,16 @@ class EngineModel:
         `pairs` attention pairs among them: the model is linear, so their sum is this."""
         return (steps * (self.step_base_s + self.step_per_seq_s * seqs)
                 + self.step_per_token_s * tokens + self.step_per_pair_s * pairs)
+
+    def chunk_cap(self, in_engine: int) -> int:
+        """The most prompt tokens one request gets a step while `in_engine` requests
+        (running and waiting) are in the engine, as vLLM's scheduler sets it: none for a
+        request alone (there is nobody to starve); adaptive, never below the budget's
+        fair share. 0: no cap."""
+        cap = self.prefill_chunk_cap
+        if not cap or in_engine <= 1:
+            return 0
+        return max(cap, self.token_budget // in_engine) if self.prefill_cap_adaptive else cap
 
     def describe(self) -> dict:
         return asdict(self)

@@ -202,8 +202,7 @@ class Simulator:
         first, then its waiting ones in order, starting one only when its whole prompt
         fits the free KV cache (and none behind one that does not); blocks are taken
         chunk by chunk, so a started prompt's later chunks need room when they come."""
-        # vLLM caps each prompt's chunk only while another request is in the engine
-        cap = (self.model.prefill_chunk_cap or budget) if len(self.running) > 1 else budget
+        cap = self.model.chunk_cap(len(self.running)) or budget
         chunks = []
         for r in sorted(self.running, key=lambda r: (not r.started,
                                                      0 if r.started else r.engine_priority)):
