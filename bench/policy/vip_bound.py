@@ -18,12 +18,14 @@ The TTFT here is the server's (arrival to first token, its trace row), as the
 simulator's; the surge bench's VIP attainment uses the client's clock, a few ms later.
 Runs are told apart by a pause in arrivals (the surge bench waits 5 s between runs).
 
-    python -m bench.policy.vip_bound --db on.duckdb [--calibrate-from other.duckdb]
+    python -m bench.policy.vip_bound --db on.duckdb [--calibrate-from other.duckdb] \
+        [--chunk-cap 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from slo.policy.conditions import PolicyConfig
@@ -49,7 +51,7 @@ def runs_of(requests: list[dict], gap_s: float = RUN_GAP_S) -> list[list[dict]]:
 
 
 def late_count(model: EngineModel, vips: list[SimRequest], horizon_s: float) -> int:
-    _, sim_ = rp.simulate(model, PolicyConfig(), vips, horizon_s)
+    rp.simulate(model, PolicyConfig(), vips, horizon_s)  # marks each request
     return sum(1 for r in vips if not r.good)
 
 
@@ -91,6 +93,10 @@ def main() -> None:
     ap.add_argument("--calibrate-from", help="fit the engine model on this log instead")
     ap.add_argument("--gap", type=float, default=RUN_GAP_S,
                     help="seconds without arrivals that separate two runs")
+    ap.add_argument("--chunk-cap", type=int, default=256,
+                    help="the engine's prefill chunk cap, as `tailguard replay --chunk-cap` "
+                    "(default: tailguard serve's, 256, adaptive; 0: none)")
+    ap.add_argument("--fixed-cap", action="store_true", help="the cap as a fixed one")
     args = ap.parse_args()
 
     def query(db: str):
@@ -98,6 +104,8 @@ def main() -> None:
 
     model, recorded = calibrated_recording(
         query(args.db), query(args.calibrate_from) if args.calibrate_from else None)
+    model = dataclasses.replace(model, prefill_chunk_cap=args.chunk_cap,
+                                prefill_cap_adaptive=bool(args.chunk_cap) and not args.fixed_cap)
     rows = [bound_of_run(model, run) for run in runs_of(recorded.requests, args.gap)]
     print(json.dumps({"model": model.describe(), "runs": rows}))
     print(table(rows))

@@ -32,7 +32,7 @@ from bench.serving.vs_vllm import (
 )
 from serving.engine.allocator import find_tcmalloc
 from serving.engine.embedded_model import ensure_model
-from serving.engine.setup import DEFAULT_SCHEDULING
+from serving.engine.setup import scheduling_flags
 
 WORKLOADS = {"light": (C.light(4.0, 8), C.light(1.0, 40)),
              "saturate": (C.saturate(16, 48), C.saturate(16, 320))}
@@ -60,7 +60,7 @@ def thread_names(pid: int) -> dict[int, str]:
 def command(side: str, port: int, tmp: str) -> tuple[list[str], dict]:
     model = str(ensure_model())
     if side == "vllm":
-        return (vllm_command(model, port, ["--dtype", "float32", *DEFAULT_SCHEDULING]),
+        return (vllm_command(model, port, ["--dtype", "float32", *scheduling_flags([])]),
                 dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", LD_PRELOAD=find_tcmalloc() or ""))
     return ([sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db",
              f"{tmp}/trace.duckdb", "--", "--dtype", "float32"],
