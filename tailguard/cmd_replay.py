@@ -3,7 +3,6 @@ file no server holds), in simulated time on an engine model calibrated from it."
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import click
@@ -13,7 +12,7 @@ from tailguard.clitools import TraceSource, one_line
 ROWS_MAX = 20_000_000
 
 
-def _query(db: str):
+def recording_query(db: str):
     return TraceSource(db=db).columns_and_rows(max_rows=ROWS_MAX, timeout_s=600)
 
 
@@ -84,12 +83,10 @@ def replay(db, calibration_db, candidate, baseline, loads, replicas, chunk_cap, 
 
     try:
         model, recorded = calibrated_recording(
-            _query(db), _query(calibration_db) if calibration_db else None)
+            recording_query(db), recording_query(calibration_db) if calibration_db else None)
     except ValueError as exc:
         raise click.UsageError(one_line(exc))
-    # the log does not say how the engine capped chunks: as the operator tells
-    model = dataclasses.replace(model, prefill_chunk_cap=chunk_cap,
-                                prefill_cap_adaptive=bool(chunk_cap) and not fixed_cap)
+    model = model.with_chunk_cap(chunk_cap, fixed_cap)
     base = _policies(baseline)
     chosen = _policies(candidate) if candidate and not loads else None  # --load wins
     result = replay_report(model, recorded, base, chosen, loads, replicas,

@@ -15,7 +15,7 @@ def row(t: float, vip: bool = True, ttft: float | None = 0.1, target: float = 0.
         prompt: int = 100) -> dict:
     return {"t": t, "vip": vip, "prompt_tokens": prompt, "output_tokens": 1,
             "max_tokens": 1, "priority": "realtime", "slo_ttft_target_s": target,
-            "ttft_s": ttft}
+            "ttft_s": ttft, "shed": False, "predicted_ttft_s": None}
 
 
 def test_runs_are_told_apart_by_a_pause_in_arrivals():

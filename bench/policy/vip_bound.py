@@ -25,7 +25,6 @@ Runs are told apart by a pause in arrivals (the surge bench waits 5 s between ru
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from slo.policy.conditions import PolicyConfig
@@ -33,7 +32,7 @@ from slo.sim import replay as rp
 from slo.sim.engine_model import EngineModel
 from slo.sim.report import calibrated_recording
 from slo.sim.request import SimRequest
-from tailguard.clitools import TraceSource
+from tailguard.cmd_replay import recording_query
 
 RUN_GAP_S = 4.0  # a pause in arrivals this long starts a new run
 
@@ -55,10 +54,12 @@ def late_count(model: EngineModel, vips: list[SimRequest], horizon_s: float) -> 
     return sum(1 for r in vips if not r.good)
 
 
-def as_sim(r: dict, start: float) -> SimRequest:
-    return SimRequest(arrival=r["t"] - start, prompt=r["prompt_tokens"],
-                      output=r["output_tokens"] or 1, max_tokens=r["max_tokens"],
-                      priority=r["priority"], vip=True, target_s=r["slo_ttft_target_s"])
+def as_sim(rows: list[dict], start: float) -> list[SimRequest]:
+    """The rows as `tailguard replay` replays them, their clock starting at `start`."""
+    requests = rp.Recorded(rows, 60.0).arrivals()
+    for r in requests:
+        r.arrival -= start
+    return requests
 
 
 def bound_of_run(model: EngineModel, run: list[dict]) -> dict:
@@ -67,8 +68,8 @@ def bound_of_run(model: EngineModel, run: list[dict]) -> dict:
     served_late = sum(1 for r in vips if r["ttft_s"] is None
                       or r["ttft_s"] > r["slo_ttft_target_s"])
     horizon = run[-1]["t"] - start + 60.0
-    alone = late_count(model, [as_sim(r, start) for r in vips], horizon)
-    isolated = sum(late_count(model, [as_sim(r, r["t"])], 60.0) for r in vips)
+    alone = late_count(model, as_sim(vips, start), horizon)
+    isolated = sum(late_count(model, as_sim([r], r["t"]), 60.0) for r in vips)
     return {"requests": len(run), "vips": len(vips), "late_served": served_late,
             "late_alone": alone, "late_isolated": isolated}
 
@@ -79,8 +80,8 @@ def table(rows: list[dict]) -> str:
     for i, r in enumerate(rows):
         lines.append(f"| {i} | {r['requests']} | {r['vips']} | {r['late_served']} | "
                      f"{r['late_alone']} | {r['late_isolated']} |")
-    total = {k: sum(r[k] for r in rows) for k in rows[0]} if rows else {}
-    if total:
+    if rows:
+        total = {k: sum(r[k] for r in rows) for k in rows[0]}
         lines.append(f"| all | {total['requests']} | {total['vips']} | "
                      f"{total['late_served']} | {total['late_alone']} | "
                      f"{total['late_isolated']} |")
@@ -99,13 +100,10 @@ def main() -> None:
     ap.add_argument("--fixed-cap", action="store_true", help="the cap as a fixed one")
     args = ap.parse_args()
 
-    def query(db: str):
-        return TraceSource(db=db).columns_and_rows(max_rows=20_000_000, timeout_s=600)
-
     model, recorded = calibrated_recording(
-        query(args.db), query(args.calibrate_from) if args.calibrate_from else None)
-    model = dataclasses.replace(model, prefill_chunk_cap=args.chunk_cap,
-                                prefill_cap_adaptive=bool(args.chunk_cap) and not args.fixed_cap)
+        recording_query(args.db),
+        recording_query(args.calibrate_from) if args.calibrate_from else None)
+    model = model.with_chunk_cap(args.chunk_cap, args.fixed_cap)
     rows = [bound_of_run(model, run) for run in runs_of(recorded.requests, args.gap)]
     print(json.dumps({"model": model.describe(), "runs": rows}))
     print(table(rows))

@@ -23,7 +23,7 @@ step costs and how much fits in one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -91,6 +91,11 @@ class EngineModel:
         if not cap or in_engine <= 1:
             return 0
         return max(cap, self.token_budget // in_engine) if self.prefill_cap_adaptive else cap
+
+    def with_chunk_cap(self, cap: int, fixed: bool = False) -> EngineModel:
+        """This engine under a prefill chunk cap of `cap` tokens (0: none), adaptive
+        unless `fixed` (a log does not say how its engine capped chunks: as told)."""
+        return replace(self, prefill_chunk_cap=cap, prefill_cap_adaptive=bool(cap) and not fixed)
 
     def describe(self) -> dict:
         return asdict(self)
