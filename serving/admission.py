@@ -18,15 +18,16 @@ which the HTTP layer answers (`serving.errors`); `publish()` takes the policy lo
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from observe import registry as R
 from observe.record import RequestRecord
 from observe.record import AdmissionLoad
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
-from serving.engine.load import LoadTracker
+from serving.engine.load import LoadTracker, PrefillEnd
 from serving.guard.live_predictor import PredictionService
+from serving.guard.verdicts import Admitted, Refusal, shed_refusal
 from serving.limiter import Limiter, LimiterFull, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
@@ -34,34 +35,6 @@ from slo.policy.length_classes import LengthClasses, class_of
 from slo.policy.retry_book import RetryBook
 from slo.policy.vip_stream import VipStream
 from slo.sim.lanes import LANE_VIP, engine_priority, kv_reserved_from, lane_of
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Admission's no: why (the row's error type: `shed`, `engine_restarting`,
-    `admission_timeout`, `queue_full`, `deadline`), what to tell the client, when it may
-    come back, and the HTTP status (503: the server cannot serve now; 429: this request
-    cannot be served in time now, come back later)."""
-
-    reason: str
-    message: str
-    retry_after_s: int
-    status: int = 503
-
-
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """Admission's yes: the prompt to send (maybe truncated), its length, its engine
-    priority (`engine_priority`; 0 while the deadline policy is off: arrival order)."""
-
-    prompt: object
-    prompt_tokens: int
-    priority: int = 0
-
-
-def _shed(policy: str, retry_after_s: int) -> Refusal:
-    return Refusal("shed", f"overloaded: request shed by the {policy} policy; retry after "
-                   f"{retry_after_s} s", retry_after_s)
 
 
 class Admission:
@@ -100,7 +73,7 @@ class Admission:
             return Refusal("engine_restarting", "the engine is restarting", d.retry_after_s)
         if d.shed_non_vip and not rec.vip:
             rec.policy_actions.append(f"shed:{d.shed_non_vip}")
-            return _shed(d.shed_non_vip, d.retry_after_s)
+            return shed_refusal(d.shed_non_vip, d.retry_after_s)
         if d.max_tokens_cap is not None:
             for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
                 asked = getattr(request, field, None)
@@ -157,14 +130,16 @@ class Admission:
                         engine_priority(lane_of(rec), rec.arrival + (target or 0.0), self.epoch))
 
     def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
-                   deadline: float = float("inf"), rank: int = 0) -> F.WorkAhead:
+                   deadline: float = float("inf"), rank: int = 0,
+                   priority: int | None = None) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
         token: the rest of the engine's step in progress (with the prefill chunk it
         took of the prompts the engine held when it began), the prompt tokens in the
-        engine not yet prefilled beyond that chunk (any lane: the engine serves them in
-        order), and those the limiter will let in before it (the lanes before its own,
-        and those in its own ordered before it: a lower `rank`, or the same and due
-        earlier)."""
+        engine not yet prefilled beyond that chunk but those it will pass there (with
+        engine `priority`: vLLM serves the prompts it has started first, then its
+        waiting queue by priority), and those the limiter will let in before it (the
+        lanes before its own, and those in its own ordered before it: a lower `rank`,
+        or the same and due earlier)."""
         model, running = self.engine_model.model, load.running_requests
         waiting, waiting_pairs, _ = self.limiter.waiting_work()
         in_engine = max(0, load.pending_prefill_tokens - waiting)
@@ -178,13 +153,21 @@ class Admission:
         step = F.step_in_progress(model, running, at_start, since, at_start_pairs,
                                   at_start_prompts)
         ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline, rank)
+        passed, passed_pairs, passed_prompts = self.load.passed_by(priority)
         kv_free = (self.kv_free_tokens(load.kv_cache_usage) - step.chunk
                    - kv_reserved_from(lane, self.decisions.vip_kv_reserve))
-        return F.WorkAhead(in_engine - step.chunk + ahead, running, step.remaining_s,
-                           self.limiter.slot_wait_s(lane, now),
-                           in_engine_pairs - step.chunk_pairs + ahead_pairs,
-                           self.limiter.engine_prefill_prompts + ahead_prompts,
-                           kv_free, self.limiter.kv_free_rate(now))
+        return F.WorkAhead(
+            max(0, in_engine - step.chunk - passed) + ahead, running, step.remaining_s,
+            self.limiter.slot_wait_s(lane, now),
+            max(0, in_engine_pairs - step.chunk_pairs - passed_pairs) + ahead_pairs,
+            max(0, self.limiter.engine_prefill_prompts - passed_prompts) + ahead_prompts,
+            kv_free, self.limiter.kv_free_rate(now))
+
+    def entered(self, prefill: PrefillEnd) -> None:
+        self.load.waiting_in_engine.add(prefill)
+
+    def started(self, prefill: PrefillEnd) -> None:
+        self.load.waiting_in_engine.discard(prefill)
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
                         prompt_tokens: int, target: float | None,
@@ -194,7 +177,10 @@ class Admission:
         if target is None:
             return None
         now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
-        base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d))
+        priority = (None if d.deadline_margin is None
+                    else engine_priority(lane, deadline, self.epoch))
+        base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d),
+                               priority)
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi.responses import JSONResponse
 
 from observe import registry as R
-from serving.admission import Refusal
+from serving.guard.verdicts import Refusal
 from serving.engine.failures import EngineFailure
 
 # OpenAI's `error.type` per HTTP status.

@@ -13,12 +13,13 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
-from serving.admission import Admission, Refusal
+from serving.admission import Admission
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.load import LoadTracker, PrefillEnd
 from serving.engine.stats import EngineSecond
 from serving.errors import from_refusal
 from serving.guard.live_predictor import PredictionService
+from serving.guard.verdicts import Refusal
 from serving.limiter import Limiter, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
@@ -250,6 +251,40 @@ def test_work_ahead_counts_the_engine_and_the_lanes_up_to_its_own():
 
     assert asyncio.run(scenario()) == {"vip": 350, R.PRIORITY_REALTIME: 1050,
                                        R.PRIORITY_BATCH: 10_050}
+
+
+@pytest.mark.parametrize("newcomer, passed", [
+    # vLLM's waiting queue by priority (smaller first, ties: arrival); the prompts it
+    # has started run first whatever their priority. In the engine: A 400 tokens,
+    # started (200 left), B 300 waiting due at 2000, C 500 waiting due at 5000.
+    (None, []),  # the deadline check off: arrival order, everything ahead
+    (1000, [300, 500]),  # due before B and C: it passes both
+    (2000, [500]),  # due with B, which came first
+    (3000, [500]),
+    (9000, []),
+])
+def test_a_newcomer_passes_the_prompts_waiting_in_the_engine_that_are_due_after_it(
+        newcomer, passed):
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        adm.engine_model.last_step_end = time.monotonic() - 10.0  # no step in progress
+        loop, prefills = asyncio.get_running_loop(), []
+        for tokens, priority in ((400, 0), (300, 2000), (500, 5000)):
+            await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
+            adm.load.admit(tokens)
+            prefills.append(PrefillEnd(adm, tokens, loop, priority))
+        prefills[0].chunk(200)  # A is started: vLLM runs it before any waiting prompt
+        work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
+                              priority=newcomer)
+        prefills[1].ended()  # B has its first token: nobody passes it any more
+        return work, adm.load.passed_by(1000)
+
+    work, later = asyncio.run(scenario())
+    assert work.prefill_tokens == 200 + 300 + 500 - sum(passed)
+    assert work.prompts == 3 - len(passed)
+    assert work.prefill_pairs == attention_pairs(200, 200) + sum(
+        attention_pairs(0, t) for t in (300, 500) if t not in passed)
+    assert later == (500, attention_pairs(0, 500), 1)
 
 
 @pytest.mark.parametrize("entered_before_step_s, since_step_s, ahead, in_step", [

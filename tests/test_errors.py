@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from observe import registry as R
-from serving.admission import Refusal
+from serving.guard.verdicts import Refusal
 from serving.engine.failures import ENGINE_DEAD, ENGINE_HUNG, RETRY_AFTER_S, engine_failure
 from serving.errors import from_outcome, from_refusal
 

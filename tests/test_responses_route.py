@@ -179,7 +179,7 @@ def _run(serving, engine):
 
 
 def test_a_refusal_when_the_engine_is_first_asked_raises_before_any_event():
-    from serving.admission import Refusal
+    from serving.guard.verdicts import Refusal
 
     refusal = Refusal("deadline", "cannot meet it", 3, status=429)
     try:

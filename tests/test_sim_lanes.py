@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from observe import registry as R
+from slo.policy import conditions as P
+from slo.sim.engine_model import EngineModel
 from slo.sim.lanes import (
     LANE_PRIORITY_STEP,
     LANE_VIP,
@@ -16,6 +20,7 @@ from slo.sim.lanes import (
     kv_reserved_from,
 )
 from slo.sim.request import SimRequest
+from slo.sim.simulation import Simulator
 
 
 def waiter(arrival: float, target: float | None = 1.0, prompt: int = 100,
@@ -123,3 +128,26 @@ def test_engine_priority_orders_a_short_vip_before_an_earlier_vip_document():
     chat = engine_priority(LANE_VIP, 0.10 + 0.2, 0.0)  # came 50 ms later, due in 0.2 s
     realtime = engine_priority(R.PRIORITY_REALTIME, 0.0, 0.0)  # due at once
     assert sorted([realtime, document, chat]) == [chat, document, realtime]
+
+
+@pytest.mark.parametrize("scheduling, deadlines_on, ahead", [
+    (True, True, 200),  # the newcomer passes the waiting document due after it
+    (True, False, 200 + 900),  # deadline check off: engine priorities all 0, arrival order
+    (False, True, 200 + 900),  # vLLM's first-come order: nobody passes anybody
+])
+def test_the_simulated_work_ahead_skips_engine_prompts_the_newcomer_passes(
+        scheduling, deadlines_on, ahead):
+    """As the server's admission (`LoadTracker.passed_by`): vLLM runs the prompts it
+    has started, then its waiting queue by priority."""
+    model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000)
+    sim = Simulator(model, P.PolicyConfig(), priority_scheduling=scheduling)
+    if deadlines_on:
+        sim.decisions = replace(sim.decisions, deadline_margin=0.8)
+    started = waiter(0.0, target=0.5, prompt=400)
+    started.started, started.prefilled, started.context = True, 200, 400
+    document = waiter(0.0, target=3.0, prompt=900)  # in the engine, not yet started
+    for req in (started, document):
+        req.engine_priority = sim._priority(req) or 0
+        sim.running.append(req)
+    chat = waiter(0.1, target=0.2, prompt=300)  # due at 0.3, before the document
+    assert sim._work_ahead(chat).prefill_tokens == ahead

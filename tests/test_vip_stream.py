@@ -11,7 +11,8 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
-from serving.admission import Admission, Refusal
+from serving.admission import Admission
+from serving.guard.verdicts import Refusal
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.load import LoadTracker
 from serving.engine.stats import EngineSecond

@@ -26,6 +26,8 @@ from slo.sim.engine_model import attention_pairs
 class PrefillListener(Protocol):
     """What `PrefillEnd` tells (`serving.admission.Admission`)."""
 
+    def entered(self, prefill: PrefillEnd) -> None: ...
+    def started(self, prefill: PrefillEnd) -> None: ...
     def prefill_progress(self, tokens: int, computed: int) -> None: ...
     def first_token(self, prompt_tokens: int, computed: int = 0) -> None: ...
     def release(self, pending_tokens: int | None, computed: int = 0,
@@ -42,6 +44,7 @@ class LoadTracker:
         self._pending_tokens = 0
         self._pending_pairs = 0
         self.recent_step_s = 0.0
+        self.waiting_in_engine: set[PrefillEnd] = set()  # vLLM has not started them
 
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer, run as the step is drained (under the ledger's lock): a
@@ -82,6 +85,17 @@ class LoadTracker:
             self._pending_tokens -= prompt_tokens
             self._pending_pairs -= attention_pairs(computed, prompt_tokens)
 
+    def passed_by(self, priority: int | None) -> tuple[int, int, int]:
+        """The prompts in vLLM's waiting queue that a newcomer with engine `priority`
+        goes before (vLLM serves the prompts it has started first, then those waiting
+        by priority; None: it passes none): their tokens, attention pairs, how many.
+        Counted ahead, they put VIP estimates in a surge beyond capacity at 2.5-5x the
+        TTFT the VIPs then had."""
+        if priority is None:
+            return 0, 0, 0
+        passed = [p.left for p in self.waiting_in_engine if p.priority > priority]
+        return sum(passed), sum(attention_pairs(0, left) for left in passed), len(passed)
+
     @property
     def pending(self) -> tuple[int, int]:
         return self._pending, self._pending_tokens
@@ -93,17 +107,28 @@ class LoadTracker:
 
 
 class PrefillEnd:
-    """Tells admission how far a request's prompt is prefilled: each chunk (from the
-    step probe, on the ledger's thread) and its end once, from the probe or its first
-    output (streamed ones), whichever comes first; never after the request has ended."""
+    """Tells admission how far a request's prompt is prefilled: that it entered the
+    engine (with its engine `priority`), each chunk (from the step probe, on the
+    ledger's thread; the first one: vLLM has started it) and its end once, from the
+    probe or its first output (streamed ones), whichever comes first; never after the
+    request has ended."""
 
-    __slots__ = ("admission", "prompt", "left", "loop", "pending")
+    __slots__ = ("admission", "prompt", "left", "loop", "pending", "priority", "waiting")
 
     def __init__(self, admission: PrefillListener | None, prompt_tokens: int,
-                 loop: asyncio.AbstractEventLoop):
+                 loop: asyncio.AbstractEventLoop, priority: int = 0):
         self.admission, self.prompt, self.left, self.loop = \
             admission, prompt_tokens, prompt_tokens, loop
         self.pending = admission is not None
+        self.priority = priority
+        self.waiting = self.pending and prompt_tokens > 0  # in vLLM's waiting queue
+        if self.waiting:
+            admission.entered(self)
+
+    def _started(self) -> None:
+        if self.waiting:
+            self.waiting = False
+            self.admission.started(self)
 
     @property
     def computed(self) -> int:
@@ -118,11 +143,13 @@ class PrefillEnd:
 
     def chunk(self, tokens: int) -> None:
         done = min(tokens, self.left)
+        self._started()
         if self.pending and done > 0:
             self.admission.prefill_progress(done, self.computed)
             self.left -= done
 
     def ended(self) -> None:
+        self._started()
         if self.pending:
             self.pending = False
             self.admission.first_token(self.left, self.computed)
@@ -130,6 +157,7 @@ class PrefillEnd:
     def close(self) -> int | None:
         """The request ended; returns what was left of its prompt if it was still
         pending, else None."""
+        self._started()
         pending, self.pending = self.pending, False
         return self.left if pending else None
 

@@ -25,7 +25,7 @@ import psutil
 
 from observe.record import RequestRecord
 from observe.stats import WallClock
-from serving.admission import Admitted, Refusal
+from serving.guard.verdicts import Admitted, Refusal
 from serving.engine.failures import (
     ENGINE_DEAD,
     ENGINE_HUNG,
@@ -254,7 +254,8 @@ class ObservedEngine:
         """Drain one engine request into `mailbox`; on its end (finished, failed or
         aborted) free its slot, untrack its steps and add its outcome to the record."""
         request_id, admission = call[2], self._admission
-        prefill = PrefillEnd(admission, prompt_tokens, asyncio.get_running_loop())
+        prefill = PrefillEnd(admission, prompt_tokens, asyncio.get_running_loop(),
+                             kwargs.get("priority", 0))
         if admission is None:
             self._ledger.track(request_id, rec.tally, rec.request_id)
         else:

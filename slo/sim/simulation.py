@@ -105,15 +105,16 @@ class Simulator:
 
     def _work_ahead(self, req: SimRequest, step_left_s: float = 0.0) -> F.WorkAhead:
         """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
-        yet prefilled, those waiting in its lane or before it, the slot wait."""
+        yet prefilled (but those waiting there that it passes: due after it), those
+        waiting in its lane or before it, the slot wait."""
         self._forget_releases()
-        lane = lane_of(req)
+        lane, mine = lane_of(req), self._priority(req)
         left = [(r.prefilled, max(0, (r.context or r.prompt) - r.prefilled))
-                for r in self.running]
+                for r in self.running
+                if r.started or mine is None or r.engine_priority <= mine]
         waiters = list(self.lanes.ahead(lane, deadline_of(req)))
         left += [(0, r.prompt) for r in waiters]
-        waiting = len(waiters)
-        slot_wait_s = 0.0 if enters_at_once(lane) else self._slot_wait_s(waiting)
+        slot_wait_s = 0.0 if enters_at_once(lane) else self._slot_wait_s(len(waiters))
         decoding = sum(1 for r in self.running if r.first_token is not None)
         reserve = kv_reserved_from(lane, self.decisions.vip_kv_reserve)
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
@@ -122,6 +123,12 @@ class Simulator:
                            sum(1 for _, tokens in left if tokens > 0),
                            self.model.kv_capacity_tokens - self._kv_allocated() - reserve,
                            sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S)
+
+    def _priority(self, req: SimRequest) -> int | None:
+        """Its engine priority under vLLM's priority scheduling (None: arrival order)."""
+        if self.priority_scheduling and self.decisions.deadline_margin is not None:
+            return engine_priority(lane_of(req), deadline_of(req), 0.0)
+        return None
 
     def _slot_wait_s(self, ahead: int) -> float:
         if len(self.running) < self.decisions.concurrency_limit and not ahead:
@@ -160,8 +167,7 @@ class Simulator:
                 self._reject(req, "admission_timeout")
                 continue
             req.admitted = self.now
-            if self.priority_scheduling and d.deadline_margin is not None:
-                req.engine_priority = engine_priority(lane_of(req), deadline_of(req), 0.0)
+            req.engine_priority = self._priority(req) or 0
             self.running.append(req)
 
     def _pending_prefill(self) -> list[int]:
@@ -265,8 +271,7 @@ class Simulator:
         kv = self._kv_allocated() / self.model.kv_capacity_tokens
         signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None,
                                         deadline_refusals=self.refused)
-        self.refused = 0
-        before = self.decisions.active
+        self.refused, before = 0, self.decisions.active
         saturated = waiting > 0 and len(self.running) >= self.decisions.concurrency_limit
         self.decisions = self.policies.evaluate(signals, saturated=saturated)
         if self.decisions.active != before:
@@ -274,9 +279,8 @@ class Simulator:
 
     def run(self, requests: list[SimRequest]) -> list[SimRequest]:
         """Simulate `requests` (sorted by arrival); they are updated in place."""
-        arrivals = deque(requests)
+        arrivals, next_tick = deque(requests), 1.0
         overhead = self.model.overhead_s  # HTTP and tokenizing before admission
-        next_tick = 1.0
         while arrivals or self.running or self.lanes:
             while arrivals and arrivals[0].arrival + overhead <= self.now:
                 self.arrive(arrivals.popleft())
