@@ -229,3 +229,17 @@ def test_server_rows_read_back_an_infinite_estimate(monkeypatch):
     (row,) = surge_server.server_rows("http://unused", 0.0, 1.0)
     assert row["estimated_ttft_s"] == float("inf") and math.isnan(row["predicted_ttft_p90_s"])
     assert miss_prediction([row])["precision"] == 1.0
+
+
+def test_every_surge_figure_names_the_machine_it_ran_on():
+    """A base rate chosen on one machine is far over capacity on a slower one, so the
+    bench prints the CPU, its vCPUs and the vector extensions vLLM's CPU backend uses."""
+    import os
+
+    from bench.common import machine
+
+    line = machine()
+    assert f"{os.cpu_count()} vCPU" in line
+    flags = open("/proc/cpuinfo").read()
+    assert ("avx2" in line) == (" avx2" in flags)
+    assert ("avx512f" in line) == (" avx512f" in flags)

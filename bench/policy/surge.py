@@ -59,9 +59,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.common import machine
 from bench.policy.surge_drill import DRILL_WINDOWS, RECOVERED_SHARE, breaker_drill
 from bench.policy.surge_scoring import report, server_view, summarize
-from bench.policy.surge_server import drive, server_rows, set_policies, start
+from bench.policy.surge_server import admin, drive, server_rows, set_policies, start
 
 SIDES = (("off", "force_off"), ("on", "auto"))
 
@@ -130,11 +131,14 @@ def main() -> None:
                                     args.only) for f in factors}
             drill = None if args.no_drill else breaker_drill(url, args.drill_rate,
                                                              args.fault_s)
+            # how fast this engine was: the same rate is far over capacity on a slower one
+            engine = admin(url, "GET", "/admin/policies")["engine_model"]
         finally:
             server.terminate()
             server.wait(timeout=120)
             if args.keep_db:
                 shutil.copy(Path(tmp) / "trace.duckdb", args.keep_db)
+    print(f"\nmachine: {machine()}; engine model at the end: {json.dumps(engine)}")
     met = True
     for factor, runs in rows.items():
         print(f"\n### {factor:g}x surge over {args.rate:g} req/s")
