@@ -161,13 +161,14 @@ class Admission:
             self.limiter.slot_wait_s(lane, now),
             max(0, in_engine_pairs - step.chunk_pairs - passed_pairs) + ahead_pairs,
             max(0, self.limiter.engine_prefill_prompts - passed_prompts) + ahead_prompts,
-            kv_free, self.limiter.kv_free_rate(now))
+            kv_free, self.limiter.kv_free_rate(now), self.load.preemptable_by(priority),
+            self.load.kv_use_rate)
 
     def entered(self, prefill: PrefillEnd) -> None:
-        self.load.waiting_in_engine.add(prefill)
+        self.load.in_engine.add(prefill)
 
-    def started(self, prefill: PrefillEnd) -> None:
-        self.load.waiting_in_engine.discard(prefill)
+    def left(self, prefill: PrefillEnd) -> None:
+        self.load.in_engine.discard(prefill)
 
     def _deadline_check(self, rec: RequestRecord, lane: str, load: AdmissionLoad,
                         prompt_tokens: int, target: float | None,

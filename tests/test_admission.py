@@ -13,6 +13,7 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
+from observe.stats import StepRecord
 from serving.admission import Admission
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.load import LoadTracker, PrefillEnd
@@ -285,6 +286,38 @@ def test_a_newcomer_passes_the_prompts_waiting_in_the_engine_that_are_due_after_
     assert work.prefill_pairs == attention_pairs(200, 200) + sum(
         attention_pairs(0, t) for t in (300, 500) if t not in passed)
     assert later == (500, attention_pairs(0, 500), 1)
+
+
+def test_the_kv_of_running_requests_due_after_a_newcomer_counts_as_preemptable():
+    """vLLM preempts the running request due last when a running one finds no free
+    block: their cache is what a newcomer's KV wait can count on; a prompt still waiting
+    in the engine holds none, and a request that ended holds nothing."""
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        loop, ends = asyncio.get_running_loop(), []
+        for tokens, priority in ((400, 3000), (300, 2000), (500, 5000)):
+            await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
+            adm.load.admit(tokens)
+            ends.append(PrefillEnd(adm, tokens, loop, priority))
+        ends[0].chunk(200)  # half prefilled: 200 tokens in the cache
+        ends[2].ended()  # its first token: the whole prompt is in the cache
+        seen = [adm.load.preemptable_by(p) for p in (1000, 4000, None)]
+        ends[2].release(16)  # it ended: its cache is free, nobody preempts it
+        seen.append(adm.load.preemptable_by(1000))
+        work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
+                              priority=1000)
+        return seen, work.kv_preemptable
+
+    assert asyncio.run(scenario()) == ([700, 500, 0, 200], 200)
+
+
+def test_the_kv_use_rate_is_the_tokens_recent_steps_computed_a_second():
+    load = LoadTracker(EngineSecond())
+    assert load.kv_use_rate == 0.0  # no step yet
+    load.on_step(StepRecord(1, 0.0, 0.1, 0.0, 200, ("a",)))
+    assert load.kv_use_rate == pytest.approx(2000.0)
+    load.on_step(StepRecord(2, 0.1, 0.3, 0.0, 200, ("a",)))  # 20% weight on the newest
+    assert load.kv_use_rate == pytest.approx(200.0 / (0.8 * 0.1 + 0.2 * 0.3))
 
 
 @pytest.mark.parametrize("entered_before_step_s, since_step_s, ahead, in_step", [

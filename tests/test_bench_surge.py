@@ -173,10 +173,13 @@ def test_admitted_realtime_and_vip_attainment():
             row(actions=["demote:deadline"], priority="batch"),  # demoted: a miss
             row(status="rejected", ttft_s=None, actions=["refuse:deadline"]),  # not admitted
             row(priority="batch"),  # not realtime
+            # late even on an idle engine: served best effort at once, not admitted
+            row(actions=["demote:unattainable"], priority="batch", ttft_s=0.3),
             row(vip=True), row(vip=True, status="rejected", ttft_s=None,
                                  actions=["refuse:deadline"])]  # a refused VIP: a miss
     assert admitted_attainment(rows) == {"admitted_realtime": 3,
                                          "admitted_realtime_attainment": 1 / 3,
+                                         "best_effort": 1,
                                          "vip": 2, "vip_attainment": 0.5}
 
 

@@ -246,6 +246,23 @@ def test_kv_wait_is_the_shortfall_over_the_rate_requests_free_it(ahead_tokens, p
     assert F.kv_wait_s(work, prompt) == pytest.approx(expected_s)
 
 
+# ... unless running requests due after it hold the room: vLLM preempts the one due last
+# as soon as a running request finds no free block, so the wait is until the running
+# requests have used up what is free, at the rate they take KV.
+@pytest.mark.parametrize("free,preemptable,use_rate,release_rate,expected_s", [
+    (400, 5000, 800.0, 100.0, 0.5),  # 1,100 short, all preemptable: 400 free used in 0.5 s
+    (-200, 5000, 800.0, 100.0, 0.0),  # nothing free: the next block preempts at once
+    (400, 600, 800.0, 100.0, 0.5 + 5.0),  # 500 short beyond what is preemptable
+    (400, 5000, 0.0, 100.0, 11.0),  # nothing running takes KV: only ends free it
+    (400, 0, 800.0, 100.0, 11.0),  # nobody due after it to preempt
+])
+def test_kv_held_by_requests_due_after_it_comes_free_once_the_free_room_is_used(
+        free, preemptable, use_rate, release_rate, expected_s):
+    work = F.WorkAhead(1000, 4, kv_free_tokens=free, kv_free_rate=release_rate,
+                       kv_preemptable=preemptable, kv_use_rate=use_rate)
+    assert F.kv_wait_s(work, 500) == pytest.approx(expected_s)
+
+
 def test_a_prompt_waiting_for_kv_room_is_refused_with_the_time_it_frees():
     # 1,000 tokens short at 2,000 a second: 0.5 s more than the prefill alone
     short = F.WorkAhead(0, 0, kv_free_tokens=-500, kv_free_rate=2000.0)

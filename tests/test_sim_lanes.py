@@ -151,3 +151,24 @@ def test_the_simulated_work_ahead_skips_engine_prompts_the_newcomer_passes(
         sim.running.append(req)
     chat = waiter(0.1, target=0.2, prompt=300)  # due at 0.3, before the document
     assert sim._work_ahead(chat).prefill_tokens == ahead
+
+
+def test_the_simulated_kv_preemptable_is_what_started_requests_due_after_it_hold():
+    from slo.sim import kv_cache
+
+    due_late = waiter(0.0, prompt=800)
+    due_late.started, due_late.prefilled, due_late.context, due_late.decoded = \
+        True, 800, 800, 20
+    due_late.engine_priority = 5000
+    half = waiter(0.0, prompt=600)
+    half.started, half.prefilled, half.context, half.engine_priority = True, 256, 600, 4000
+    waiting = waiter(0.0, prompt=300)  # not started: holds no cache
+    waiting.engine_priority = 9000
+    due_early = waiter(0.0, prompt=500)
+    due_early.started, due_early.prefilled, due_early.context = True, 500, 500
+    due_early.engine_priority = 100
+    running = [due_late, half, waiting, due_early]
+    assert kv_cache.allocated(running) == 820 + 256 + 500
+    assert kv_cache.preemptable(running, 1000) == 820 + 256
+    assert kv_cache.preemptable(running, 4500) == 820
+    assert kv_cache.preemptable(running, None) == 0

@@ -28,7 +28,10 @@ Figures per run (the scoring functions in `surge_scoring` are pure and unit-test
   that met its target (shed ones miss);
 - admitted realtime attainment (server's trace log): of the non-VIP requests admitted
   to the realtime lane (logged with priority realtime, or demoted from it, and not
-  refused before admission), the share served on time *and never demoted*; VIP
+  refused before admission), the share served on time *and never demoted*; those
+  the deadline check served best effort at once (late even on an idle engine: the
+  target is under what this engine can do for the prompt's length) are counted apart
+  in `best effort`, not as admitted; VIP
   attainment: of every VIP request, the share on time (a refused VIP is a miss);
 - retries: a request refused with 429 is sent once more after its Retry-After; the
   share of those retries served on time (the original request stays a 0 in goodput);

@@ -75,16 +75,28 @@ def on_time(row: dict) -> bool:
             and row["ttft_s"] <= row["slo_ttft_target_s"])
 
 
+def best_effort(row: dict) -> bool:
+    """The deadline check found it late even on an idle engine (its target under what
+    this engine can do for its length) and served it in the batch lane at once: never
+    admitted as a request to serve on time."""
+    return "demote:unattainable" in (row["policy_actions"] or ())
+
+
 def admitted_attainment(rows: list[dict]) -> dict:
     """Of the requests admitted (not refused before admission): the share of realtime
     (non-VIP) ones on time and never demoted, and of VIP ones on time; VIP requests
-    refused count as misses of VIP, which is never refused for load."""
+    refused count as misses of VIP, which is never refused for load. A realtime
+    request served best effort is counted apart (`best_effort`), not as admitted: the
+    server said at once it could not be on time (one demoted while it waited is a
+    miss)."""
     realtime = [r for r in rows if (r["priority"] == PRIORITY_REALTIME or demoted(r))
                 and not r["vip"] and not refused_before_admission(r)]
+    admitted = [r for r in realtime if not best_effort(r)]
     vip = [r for r in rows if r["vip"]]
-    return {"admitted_realtime": len(realtime),
+    return {"admitted_realtime": len(admitted),
             "admitted_realtime_attainment": _share(
-                [on_time(r) and not demoted(r) for r in realtime]),
+                [on_time(r) and not demoted(r) for r in admitted]),
+            "best_effort": len(realtime) - len(admitted),
             "vip": len(vip), "vip_attainment": _share([on_time(r) for r in vip])}
 
 
@@ -194,9 +206,10 @@ def report(rows: list[dict], goal: float = GOAL_RATIO) -> bool:
     """Every run, then the ratios with their median and spread, and the verdict (True:
     met)."""
     print("| round | side | first? | offered | served | refused | goodput | smooth goodput "
-          "| realtime-key att. | admitted realtime att. | VIP att. | demoted | retried "
-          "| retry on time | miss precision / recall | TTFT MAPE p50 / p90 coverage |")
-    print("|" + "---|" * 16)
+          "| realtime-key att. | admitted realtime att. | best effort | VIP att. | demoted "
+          "| retried | retry on time | miss precision / recall "
+          "| TTFT MAPE p50 / p90 coverage |")
+    print("|" + "---|" * 17)
     for r in rows:
         pr = (f"{_pct(r['miss_precision'])} / {_pct(r['miss_recall'])}"
               if r["side"] == "off" else "-")
@@ -204,6 +217,7 @@ def report(rows: list[dict], goal: float = GOAL_RATIO) -> bool:
               f"| {r['offered']} | {r['ok']} | {r['shed']} | {r['goodput_rps']:.2f} "
               f"| {r['smooth_goodput_rps']:.2f} | {_pct(r['realtime_key_attainment'])} "
               f"| {_pct(r['admitted_realtime_attainment'])} ({r['admitted_realtime']}) "
+              f"| {r.get('best_effort', 0)} "
               f"| {_pct(r['vip_attainment'])} ({r['vip']}) | {r['demoted']} "
               f"| {r['retried']} | {_pct(r['retry_on_time'])} | {pr} "
               f"| {_pct(r['ttft_mape_p50'])} / {_pct(r['ttft_p90_coverage'])} |")

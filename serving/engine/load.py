@@ -27,7 +27,7 @@ class PrefillListener(Protocol):
     """What `PrefillEnd` tells (`serving.admission.Admission`)."""
 
     def entered(self, prefill: PrefillEnd) -> None: ...
-    def started(self, prefill: PrefillEnd) -> None: ...
+    def left(self, prefill: PrefillEnd) -> None: ...
     def prefill_progress(self, tokens: int, computed: int) -> None: ...
     def first_token(self, prompt_tokens: int, computed: int = 0) -> None: ...
     def release(self, pending_tokens: int | None, computed: int = 0,
@@ -44,13 +44,21 @@ class LoadTracker:
         self._pending_tokens = 0
         self._pending_pairs = 0
         self.recent_step_s = 0.0
-        self.waiting_in_engine: set[PrefillEnd] = set()  # vLLM has not started them
+        self.recent_step_tokens = 0.0  # the same average of the tokens a step computes
+        self.in_engine: set[PrefillEnd] = set()  # every prompt the engine holds (the loop's)
 
     def on_step(self, step: StepRecord) -> None:
         """Ledger consumer, run as the step is drained (under the ledger's lock): a
         moving average of step time."""
         alpha = STEP_EWMA_ALPHA if self.recent_step_s else 1.0
         self.recent_step_s += alpha * (step.duration_s - self.recent_step_s)
+        self.recent_step_tokens += alpha * (step.scheduled_tokens - self.recent_step_tokens)
+
+    @property
+    def kv_use_rate(self) -> float:
+        """KV-cache tokens the engine takes a second while it steps (each token it
+        computes holds a slot)."""
+        return self.recent_step_tokens / self.recent_step_s if self.recent_step_s else 0.0
 
     @property
     def kv_cache_usage(self) -> float:
@@ -93,8 +101,18 @@ class LoadTracker:
         TTFT the VIPs then had."""
         if priority is None:
             return 0, 0, 0
-        passed = [p.left for p in self.waiting_in_engine if p.priority > priority]
+        passed = [p.left for p in self.in_engine if p.waiting and p.priority > priority]
         return sum(passed), sum(attention_pairs(0, left) for left in passed), len(passed)
+
+    def preemptable_by(self, priority: int | None) -> int:
+        """KV-cache tokens held by the running requests vLLM preempts before one with
+        engine `priority` (theirs is larger: due after it) when a running request finds
+        no free block (None: none counted). Their prompts only: a request's output
+        (16-128 tokens here) is small beside its prompt."""
+        if priority is None:
+            return 0
+        return sum(p.kv_tokens for p in self.in_engine
+                   if not p.waiting and p.priority > priority)
 
     @property
     def pending(self) -> tuple[int, int]:
@@ -122,13 +140,17 @@ class PrefillEnd:
         self.pending = admission is not None
         self.priority = priority
         self.waiting = self.pending and prompt_tokens > 0  # in vLLM's waiting queue
-        if self.waiting:
+        if self.pending:
             admission.entered(self)
 
     def _started(self) -> None:
-        if self.waiting:
-            self.waiting = False
-            self.admission.started(self)
+        self.waiting = False
+
+    @property
+    def kv_tokens(self) -> int:
+        """Its prompt tokens in the KV cache: those prefilled, all once it has its
+        first token."""
+        return self.computed if self.pending else self.prompt
 
     @property
     def computed(self) -> int:
@@ -166,6 +188,7 @@ class PrefillEnd:
         slot back and the KV cache it held, and what was left of its prompt (with the
         attention pairs of the part left) is no longer work ahead."""
         if self.admission is not None:
+            self.admission.left(self)
             computed = self.computed
             left = self.close()
             # with a first token its whole prompt was in the KV cache, whether or not

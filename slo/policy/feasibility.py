@@ -62,6 +62,10 @@ class WorkAhead:
     # KV-cache room (tokens) once the step in progress has its chunk; None: not known
     kv_free_tokens: int | None = None
     kv_free_rate: float = 0.0  # KV tokens that ending requests freed a second, lately
+    # KV tokens held by running requests vLLM preempts before it (due after it), and
+    # the KV tokens the running requests take a second (decodes and chunks)
+    kv_preemptable: int = 0
+    kv_use_rate: float = 0.0
 
     def with_prefill(self, tokens: int, pairs: int) -> WorkAhead:
         """The same, with `tokens` more prompt tokens (holding `pairs` attention pairs)
@@ -151,14 +155,24 @@ def kv_wait_s(ahead: WorkAhead, prompt_tokens: int = 0) -> float:
     """Expected wait for KV-cache room. vLLM starts a waiting prompt only when the whole
     of it fits the free KV cache, and starts none behind one that does not fit; a
     prompt half prefilled takes blocks for each further chunk. So the prompts ahead
-    and its own need their unprefilled tokens free, and the shortfall frees as running
-    requests end, at the recent rate (infinite when none has ended lately)."""
+    and its own need their unprefilled tokens free. A waiting prompt preempts nobody,
+    but a running request that finds no free block does: vLLM then preempts the
+    running request due last and frees its whole cache. So once the running requests
+    have used up what is free (at the rate they take KV), the cache held by those due
+    after this one comes free; any shortfall beyond that frees as requests end, at the
+    recent rate (infinite when none has ended lately)."""
     if ahead.kv_free_tokens is None:
         return 0.0
     short = ahead.prefill_tokens + prompt_tokens - ahead.kv_free_tokens
     if short <= 0:
         return 0.0
-    return short / ahead.kv_free_rate if ahead.kv_free_rate > 0 else math.inf
+    wait = 0.0
+    if ahead.kv_preemptable > 0 and ahead.kv_use_rate > 0:
+        wait = max(0, ahead.kv_free_tokens) / ahead.kv_use_rate
+        short -= ahead.kv_preemptable
+        if short <= 0:
+            return wait
+    return wait + short / ahead.kv_free_rate if ahead.kv_free_rate > 0 else math.inf
 
 
 def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:

@@ -25,6 +25,7 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
 from slo.policy.vip_stream import VipStream
+from slo.sim import kv_cache
 from slo.sim.engine_model import EngineModel, attention_pairs
 from slo.sim.lanes import (
     LANE_VIP,
@@ -64,6 +65,7 @@ class Simulator:
         self.releases: deque[tuple[float, int]] = deque()
         self.refused = 0  # by the deadline check since the last policy tick
         self.vips = VipStream()  # as admission's: VIP work still to come
+        self.kv_use_rate = 0.0
 
     # --- admission ---------------------------------------------------------------------
 
@@ -117,12 +119,13 @@ class Simulator:
         slot_wait_s = 0.0 if enters_at_once(lane) else self._slot_wait_s(len(waiters))
         decoding = sum(1 for r in self.running if r.first_token is not None)
         reserve = kv_reserved_from(lane, self.decisions.vip_kv_reserve)
+        free = self.model.kv_capacity_tokens - kv_cache.allocated(self.running) - reserve
         return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
                            step_left_s, slot_wait_s,
                            sum(attention_pairs(done, tokens) for done, tokens in left),
-                           sum(1 for _, tokens in left if tokens > 0),
-                           self.model.kv_capacity_tokens - self._kv_allocated() - reserve,
-                           sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S)
+                           sum(1 for _, tokens in left if tokens > 0), free,
+                           sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S,
+                           kv_cache.preemptable(self.running, mine), self.kv_use_rate)
 
     def _priority(self, req: SimRequest) -> int | None:
         """Its engine priority under vLLM's priority scheduling (None: arrival order)."""
@@ -160,7 +163,7 @@ class Simulator:
             return len(self.running) < d.concurrency_limit and gate_fits(
                 sum(pending), req.prompt, gate, sum(1 for left in pending if left > 0),
                 self.model.prefill_chunk_cap) and kv_fits(
-                self.model.kv_capacity_tokens - self._kv_allocated(), sum(pending),
+                self.model.kv_capacity_tokens - kv_cache.allocated(self.running), sum(pending),
                 req.prompt, d.vip_kv_reserve, len(self.running))
         for req in self.lanes.pop_ready(fits):
             if self.now - req.arrival > LIMITER_MAX_WAIT_S:
@@ -179,16 +182,17 @@ class Simulator:
 
     def step(self) -> bool:
         """One engine step over the running requests; False if there was nothing to do."""
-        decoding = self._make_room()
+        decoding = kv_cache.make_room(self.running, self.model.kv_capacity_tokens)
         budget = self.model.token_budget - len(decoding)
-        chunks = self._chunks(budget, self.model.kv_capacity_tokens - self._kv_allocated()
-                              - len(decoding))
+        chunks = self._chunks(budget, self.model.kv_capacity_tokens
+                              - kv_cache.allocated(self.running) - len(decoding))
         if not decoding and not chunks:
             return False
         tokens = len(decoding) + sum(take for _, take in chunks)
         pairs = sum(attention_pairs(r.context + r.decoded - 1, 1) for r in decoding) \
             + sum(attention_pairs(r.prefilled, take) for r, take in chunks)
         dt = self.model.step_s(len(decoding) + len(chunks), tokens, pairs)
+        self.kv_use_rate = tokens / dt  # KV tokens the running requests take a second
         self.now += dt
         self.busy += dt
         for r in decoding:
@@ -230,24 +234,6 @@ class Simulator:
                 kv_free -= take
         return chunks
 
-    def _kv_allocated(self) -> int:
-        """KV the engine has allocated (vLLM takes a prompt's blocks chunk by chunk):
-        what its running requests have computed."""
-        return sum(min(r.prefilled, r.context) + r.decoded for r in self.running if r.started)
-
-    def _make_room(self) -> list[SimRequest]:
-        """The requests decoding this step; if their next tokens do not fit, evict the
-        newest started request as vLLM preempts (its work is recomputed later)."""
-        while True:
-            decoding = [r for r in self.running if r.started and r.prefilled >= r.context]
-            if self._kv_allocated() + len(decoding) <= self.model.kv_capacity_tokens:
-                return decoding
-            started = [r for r in self.running if r.started]
-            victim = max(reversed(started), key=lambda r: r.engine_priority)
-            victim.started, victim.prefilled, victim.decoded = False, 0, 0
-            victim.context = victim.prompt + victim.generated  # recomputed when resumed
-            victim.actions.append("preempted")
-
     def _finish(self) -> None:
         done = [r for r in self.running if r.first_token is not None
                 and r.generated >= max(1, r.output)]
@@ -268,7 +254,7 @@ class Simulator:
         self.busy = 0.0
         waiting = len(self.lanes)
         unstarted = sum(1 for r in self.running if r.first_token is None)
-        kv = self._kv_allocated() / self.model.kv_capacity_tokens
+        kv = kv_cache.allocated(self.running) / self.model.kv_capacity_tokens
         signals = self.policies.signals(at, False, waiting + unstarted, min(1.0, kv), None,
                                         deadline_refusals=self.refused)
         self.refused, before = 0, self.decisions.active
