@@ -246,3 +246,23 @@ def test_every_surge_figure_names_the_machine_it_ran_on():
     flags = open("/proc/cpuinfo").read()
     assert ("avx2" in line) == (" avx2" in flags)
     assert ("avx512f" in line) == (" avx512f" in flags)
+
+
+def test_base_busy_is_the_share_of_the_base_phase_the_engine_spent_stepping():
+    """The bench's query, on the trace log's own `engine_stats` table: the seconds of
+    stepping per second over the window (a second whose steps overrun it counts 1)."""
+    from datetime import datetime, timezone
+
+    import duckdb
+
+    from bench.policy.surge_server import BUSY_SQL
+    from observe.schema import create_schema
+
+    conn = duckdb.connect(":memory:")
+    create_schema(conn)
+    for second, mean_step_s, steps in ((100, 0.02, 30), (101, 0.15, 10), (102, 0.0, 0),
+                                       (200, 0.5, 10)):  # outside the window
+        conn.execute("INSERT INTO engine_stats (ts, mean_step_s, steps) VALUES (?, ?, ?)",
+                     [datetime.fromtimestamp(second, tz=timezone.utc), mean_step_s, steps])
+    busy = conn.execute(BUSY_SQL.format(start=99.5, end=102.5)).fetchone()[0]
+    assert busy == pytest.approx((0.6 + 1.0 + 0.0) / 3)  # 1.5 s of steps in 101: 1

@@ -12,6 +12,9 @@ every round, the per-round on/off ratios, their median and spread (min-max), and
 goal's verdict. Traffic: 60% realtime, 10% VIP, 30% batch keys.
 
 Figures per run (the scoring functions in `surge_scoring` are pure and unit-tested):
+- base busy: the share of the base phase (the first third, before the surge) the
+  engine spent stepping; near 100% the base rate is already at this machine's
+  capacity and the run cannot show what a policy wins (choose a lower `--rate`);
 - goodput: requests served with their first token within the context-aware TTFT
   target (client clock), per second of the run;
 - smooth goodput: the same sum, but each request earns `credit`: 0 when shed, refused
@@ -65,7 +68,14 @@ from pathlib import Path
 from bench.common import machine
 from bench.policy.surge_drill import DRILL_WINDOWS, RECOVERED_SHARE, breaker_drill
 from bench.policy.surge_scoring import report, server_view, summarize
-from bench.policy.surge_server import admin, drive, server_rows, set_policies, start
+from bench.policy.surge_server import (
+    admin,
+    drive,
+    engine_busy,
+    server_rows,
+    set_policies,
+    start,
+)
 
 SIDES = (("off", "force_off"), ("on", "auto"))
 
@@ -88,6 +98,8 @@ def surge_rounds(url: str, rounds: int, rate: float, duration: float, factor: fl
             start = time.time()
             by_key = asyncio.run(drive(url, "surge", rate, duration, seed + rnd, factor))
             row = {"round": rnd, "side": side, "order": order, "factor": factor,
+                   # the base phase: the first third, before the surge
+                   "base_busy": engine_busy(url, start, start + duration / 3),
                    **summarize(by_key, duration),
                    **server_view(server_rows(url, start, time.time()))}
             print(json.dumps(row), flush=True)

@@ -205,16 +205,17 @@ def _pct(x) -> str:
 def report(rows: list[dict], goal: float = GOAL_RATIO) -> bool:
     """Every run, then the ratios with their median and spread, and the verdict (True:
     met)."""
-    print("| round | side | first? | offered | served | refused | goodput | smooth goodput "
+    print("| round | side | first? | base busy | offered | served | refused | goodput "
+          "| smooth goodput "
           "| realtime-key att. | admitted realtime att. | best effort | VIP att. | demoted "
           "| retried | retry on time | miss precision / recall "
           "| TTFT MAPE p50 / p90 coverage |")
-    print("|" + "---|" * 17)
+    print("|" + "---|" * 18)
     for r in rows:
         pr = (f"{_pct(r['miss_precision'])} / {_pct(r['miss_recall'])}"
               if r["side"] == "off" else "-")
         print(f"| {r['round']} | {r['side']} | {'yes' if r['order'] == 0 else 'no'} "
-              f"| {r['offered']} | {r['ok']} | {r['shed']} | {r['goodput_rps']:.2f} "
+              f"| {_pct(r.get('base_busy'))} | {r['offered']} | {r['ok']} | {r['shed']} | {r['goodput_rps']:.2f} "
               f"| {r['smooth_goodput_rps']:.2f} | {_pct(r['realtime_key_attainment'])} "
               f"| {_pct(r['admitted_realtime_attainment'])} ({r['admitted_realtime']}) "
               f"| {r.get('best_effort', 0)} "

@@ -93,3 +93,22 @@ def server_rows(url: str, start: float, end: float) -> list[dict]:
             if isinstance(row[name], str):
                 row[name] = float(row[name])  # "Infinity": a request that never fits
     return rows
+
+
+BUSY_SQL = """
+SELECT sum(least(1.0, mean_step_s * steps)) / count(*) AS busy FROM engine_stats
+WHERE epoch(ts) BETWEEN {start} AND {end}
+"""
+
+
+def engine_busy(url: str, start: float, end: float) -> float | None:
+    """The share of the seconds between `start` and `end` the engine spent stepping
+    (its once-a-second `engine_stats` rows). Over the base phase before a surge it
+    says whether the base rate was one this machine keeps up with: a base near 100%
+    busy leaves the surge nothing a policy could win back (on a machine 4x slower, the
+    same base rate was)."""
+    admin(url, "POST", "/admin/flush")
+    data = admin(url, "POST", "/admin/query", {"sql": BUSY_SQL.format(start=start, end=end)})
+    busy = data["rows"][0][0] if data["rows"] else None
+    return None if busy is None else float(busy)
+
