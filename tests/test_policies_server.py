@@ -79,8 +79,9 @@ def wait_for(predicate, timeout: float = 60, every: float = 0.25):
 
 
 def settled(srv, timeout: float = 90) -> None:
-    """Wait out what earlier tests tripped: the breaker and the load policies."""
-    for name in ("breaker_l1", "vip_only", "token_cap"):
+    """Wait out what earlier tests tripped: the breaker and the load policies (on a
+    slow CPU truncation was still on from the test before and cut a prompt in half)."""
+    for name in ("breaker_l1", "vip_only", "token_cap", "truncation"):
         wait_for(lambda: state(srv, name) == "inactive", timeout=timeout)
 
 
@@ -250,6 +251,7 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
     assert transitions(guarded, "breaker_l1")[events_before:] == []
     # drained: a feasible realtime request is admitted with its estimate on the row
     wait_for(lambda: policies(guarded)["limiter"]["in_flight"] == 0, timeout=60)
+    settled(guarded)  # on a slow CPU the flood held the load up long enough for vip_only
     served = complete(guarded, PLAIN)
     assert served.status_code == 200
     row = request_row(guarded, served)
@@ -482,6 +484,10 @@ def test_the_engine_serves_a_short_vip_before_an_earlier_vip_document(guarded):
     s after it came). In vLLM's first-come order the document would block the queue
     until it fits; by deadline the short prompt goes first, into the room there is."""
     settled(guarded)
+    # the holders must hold what they ask: on a slow CPU their own load tripped the
+    # load policies (truncation halved them, the token cap shortened their decodes)
+    for name in ("truncation", "token_cap", "memory_pressure"):
+        assert override(guarded, name, "force_off", ttl_s=120).status_code == 200
     capacity = policies(guarded)["engine_model"]["kv_capacity_tokens"]
     holder_prompt = (capacity - 700) // 2 - 160  # two holders leave ~700 tokens free
     with ThreadPoolExecutor(4) as pool:
@@ -489,12 +495,17 @@ def test_the_engine_serves_a_short_vip_before_an_earlier_vip_document(guarded):
                                f"holder {i} ") for i in range(2)]
         wait_for(lambda: policies(guarded)["limiter"]["in_flight"] >= 2, timeout=60,
                  every=0.05)
-        time.sleep(0.5)  # both prefilled: the cache holds them
+        # both prefilled: the cache holds them (a sleep was too short on an AVX2 CPU,
+        # where the two prompts take seconds: the document then found room at once)
+        wait_for(lambda: policies(guarded)["limiter"]["engine_prefill_tokens"] == 0,
+                 timeout=60, every=0.05)
         document = pool.submit(complete, guarded, VIP, 1200, 2, 180, "document ")
         time.sleep(0.05)
         short = pool.submit(complete, guarded, VIP, 20, 2, 180, "short ")
         rows = {name: request_row(guarded, f.result()) for name, f in
                 (("document", document), ("short", short), ("holder", holders[0]))}
+    for name in ("truncation", "token_cap", "memory_pressure"):
+        assert override(guarded, name, "auto").status_code == 200
     doc, chat = rows["document"], rows["short"]
     assert doc["status"] == chat["status"] == "ok", rows
     assert doc["queue_s"] > 0.3, f"the document never waited for room: {doc}"
