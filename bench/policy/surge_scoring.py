@@ -215,7 +215,8 @@ def report(rows: list[dict], goal: float = GOAL_RATIO) -> bool:
         pr = (f"{_pct(r['miss_precision'])} / {_pct(r['miss_recall'])}"
               if r["side"] == "off" else "-")
         print(f"| {r['round']} | {r['side']} | {'yes' if r['order'] == 0 else 'no'} "
-              f"| {_pct(r.get('base_busy'))} | {r['offered']} | {r['ok']} | {r['shed']} | {r['goodput_rps']:.2f} "
+              f"| {_pct(r.get('base_busy'))} | {r['offered']} | {r['ok']} | {r['shed']} "
+              f"| {r['goodput_rps']:.2f} "
               f"| {r['smooth_goodput_rps']:.2f} | {_pct(r['realtime_key_attainment'])} "
               f"| {_pct(r['admitted_realtime_attainment'])} ({r['admitted_realtime']}) "
               f"| {r.get('best_effort', 0)} "

@@ -111,4 +111,3 @@ def engine_busy(url: str, start: float, end: float) -> float | None:
     data = admin(url, "POST", "/admin/query", {"sql": BUSY_SQL.format(start=start, end=end)})
     busy = data["rows"][0][0] if data["rows"] else None
     return None if busy is None else float(busy)
-

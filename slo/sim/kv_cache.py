@@ -12,9 +12,15 @@ from __future__ import annotations
 from slo.sim.request import SimRequest
 
 
+def held(r: SimRequest) -> int:
+    """KV tokens a started request holds: what it has computed of its context, and the
+    tokens it decoded since."""
+    return min(r.prefilled, r.context) + r.decoded
+
+
 def allocated(running: list[SimRequest]) -> int:
     """KV tokens the engine holds: what its started requests have computed."""
-    return sum(min(r.prefilled, r.context) + r.decoded for r in running if r.started)
+    return sum(held(r) for r in running if r.started)
 
 
 def preemptable(running: list[SimRequest], priority: int | None) -> int:
@@ -22,8 +28,7 @@ def preemptable(running: list[SimRequest], priority: int | None) -> int:
     `priority` (theirs is larger; None: none counted)."""
     if priority is None:
         return 0
-    return sum(min(r.prefilled, r.context) + r.decoded for r in running
-               if r.started and r.engine_priority > priority)
+    return sum(held(r) for r in running if r.started and r.engine_priority > priority)
 
 
 def make_room(running: list[SimRequest], capacity: int) -> list[SimRequest]:
