@@ -41,8 +41,13 @@ class OpsAlert:
 
 
 def _p99(job: str) -> str:
+    """From the classic buckets, or the native histogram where Prometheus keeps that
+    instead (`serve --native-histograms`)."""
     buckets = selector(R.E2E.prom_name + "_bucket", job=job)
-    return (f"histogram_quantile(0.99,\n  sum by (le) (rate({buckets}[{P99_RATE_WINDOW}]))\n)"
+    native = selector(R.E2E.prom_name, job=job)
+    window = P99_RATE_WINDOW
+    return (f"(\n  histogram_quantile(0.99,\n    sum by (le) (rate({buckets}[{window}]))\n  )"
+            f"\n  or\n  histogram_quantile(0.99, sum(rate({native}[{window}])))\n)"
             f" > {number(P99_MAX_S)}\n")
 
 

@@ -20,6 +20,7 @@ TAILGUARD_DB: Final = "TAILGUARD_DB"  # trace-log file; default tailguard.duckdb
 TAILGUARD_ADMIN_TOKEN: Final = "TAILGUARD_ADMIN_TOKEN"  # else a token file (serving/admin/auth)
 TAILGUARD_TRACE_FLUSH_S: Final = "TAILGUARD_TRACE_FLUSH_S"  # seconds; default 1.0
 TAILGUARD_HISTOGRAM_BUCKETS: Final = "TAILGUARD_HISTOGRAM_BUCKETS"  # fine (default) or slo
+TAILGUARD_NATIVE_HISTOGRAMS: Final = "TAILGUARD_NATIVE_HISTOGRAMS"  # 1: also native; default 0
 TAILGUARD_PATH_PROFILE: Final = "TAILGUARD_PATH_PROFILE"  # seed 001's hot or cold; default neither
 TAILGUARD_TRACE_MEMORY: Final = "TAILGUARD_TRACE_MEMORY"  # DuckDB memory limit; default 512MB
 TAILGUARD_MAX_BODY_BYTES: Final = "TAILGUARD_MAX_BODY_BYTES"  # default 4 MiB

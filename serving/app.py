@@ -92,13 +92,12 @@ def create_app(runtime: Runtime) -> FastAPI:
         return {"status": "ready", "warmup": [call.as_dict() for call in runtime.warmup]}
 
     @app.get("/metrics")
-    async def metrics():
-        from prometheus_client import CONTENT_TYPE_LATEST
-
+    async def metrics(request: Request):
         # Off the event loop: formatting thousands of lines holds it for milliseconds
         # (the thread still takes the GIL, but gives it back every few milliseconds).
-        body = await asyncio.to_thread(runtime.metrics_export.exposition)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        body, content_type = await asyncio.to_thread(
+            runtime.metrics_export.exposition, request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
 
     @app.exception_handler(ApiError)
     async def refused(_: Request, exc: ApiError):

@@ -57,6 +57,7 @@ class ServerConfig:
     admin_token_file: str | None = None
     flush_interval_s: float | None = None
     histogram_buckets: str | None = None  # latency histogram bounds: fine or slo
+    native_histograms: bool | None = None  # latency histograms also native; None: env, off
     max_body_bytes: int | None = None
     max_n: int | None = None
     max_sequences: int | None = None
@@ -106,6 +107,7 @@ class ServerConfig:
         self.histogram_buckets = self.histogram_buckets or S.text(
             S.TAILGUARD_HISTOGRAM_BUCKETS, "fine")
         self.latency_buckets = latency_buckets(self.spec, self.histogram_buckets)
+        self._resolve_native_histograms()
         self.max_body_bytes = self.max_body_bytes or S.number(S.TAILGUARD_MAX_BODY_BYTES,
                                                               DEFAULT_MAX_BODY, int)
         self.max_n = self.max_n or S.number(S.TAILGUARD_MAX_N, DEFAULT_MAX_N, int)
@@ -130,6 +132,13 @@ class ServerConfig:
             raise ValueError("max_n must be at least 1")
         if self.retrain_interval_s < 0 or self.reselect_interval_s < 0:
             raise ValueError("retrain and reselect intervals must be >= 0 (0: never)")
+
+    def _resolve_native_histograms(self) -> None:
+        if self.native_histograms is None:
+            self.native_histograms = S.flag(S.TAILGUARD_NATIVE_HISTOGRAMS, default=False)
+        if self.native_histograms and self.otlp:  # the SDK's exporter has no native kind
+            raise ValueError("--native-histograms needs Prometheus as the only metrics "
+                             "reader (OTLP export is on)")
 
     def _apply_path_profile(self) -> None:
         """The policies (the profile's settings under the file's) and vLLM's batch bound."""

@@ -110,7 +110,7 @@ class Runtime:
         if config.otlp:  # the same spans, also to a collector, batched off the hot path
             self.tracer_provider.add_span_processor(create_otlp_span_processor(config.otlp))
         self.metrics = RequestMetrics(self.metrics_export.provider.get_meter("tailguard"),
-                                      config.latency_buckets)
+                                      config.latency_buckets, config.native_histograms)
         self.spans = self._spans(config)
         self.observer = Observer(self.tracelog, self.spans, self.metrics, self.clock, config.spec,
                                  config.keys.names)

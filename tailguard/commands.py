@@ -46,6 +46,10 @@ def model_init(directory):
               help="Latency histogram bounds: fine (213, a 10 ms-resolution P99) or slo "
                    "(<= 40: one at every SLO target, log-spaced elsewhere; about a "
                    "quarter of the series). Default: $TAILGUARD_HISTOGRAM_BUCKETS or fine.")
+@click.option("--native-histograms/--no-native-histograms", default=None,
+              help="Latency histograms also as Prometheus native (exponential) ones, for a "
+                   "Prometheus with --enable-feature=native-histograms: one series each. "
+                   "Default: $TAILGUARD_NATIVE_HISTOGRAMS or off.")
 @click.option("--slo", "slo_file", type=click.Path(dir_okay=False),
               help="SLO spec YAML (default: the one shipped with tailguard).")
 @click.option("--model-dir", type=click.Path(file_okay=False),

@@ -68,6 +68,8 @@ def test_query_as_a_table(trace_file):
     (["serve", "--otlp-protocol", "grpc"], "--otlp-protocol needs --otlp-endpoint"),
     (["serve", "--archive-after", "30d"], "go with --archive-dir"),
     (["serve", "--otlp-endpoint", "ftp://x"], "ftp://x"),
+    (["serve", "--native-histograms", "--otlp-endpoint", "http://127.0.0.1:1"],
+     "--native-histograms needs Prometheus as the only metrics reader"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, needle):
     out = tailguard(*args)

@@ -155,7 +155,8 @@ def test_every_registry_metric_is_on_some_dashboard_panel(generated):
 def test_every_metric_selector_is_summed_so_exporter_labels_never_split_a_series(generated):
     names = "|".join(m.prom_name for m in R.ALL_METRICS)
     selector = re.compile(rf"\b({names})(_bucket|_sum|_count)?\b")
-    summed = re.compile(r"sum by \([\w, ]+\) \((?:(?:rate|increase)\()?$")
+    # `sum(...)` (a native histogram's heatmap, all series in one) sums every label away
+    summed = re.compile(r"sum(?: by \([\w, ]+\) )?\((?:(?:rate|increase)\()?$")
     for expr in (e for data in generated.values() for e in exprs_of(data)):
         for match in selector.finditer(expr):
             assert summed.search(expr[:match.start()]), f"not under sum by (...): {expr}"
@@ -193,9 +194,11 @@ def test_latency_panels_show_p50_p95_p99_per_context_bucket(generated):
     for metric in R.LATENCY_METRICS:
         exprs = [e for e in exprs_of(data) if f"{metric.prom_name}_bucket" in e
                  and e.startswith("histogram_quantile")]
-        assert exprs == [
+        selected = f'{{context_bucket=~"$context_bucket"}}[$__rate_interval]'
+        assert exprs == [  # the classic buckets, or the native histogram kept instead
             f"histogram_quantile({q}, sum by (le, context_bucket) (rate({metric.prom_name}"
-            f'_bucket{{context_bucket=~"$context_bucket"}}[$__rate_interval])))'
+            f"_bucket{selected}))) or histogram_quantile({q}, sum by (context_bucket) "
+            f"(rate({metric.prom_name}{selected})))"
             for q in QUANTILES], metric.prom_name
     heatmaps = {p["title"] for p in panels_of(data) if p["type"] == "heatmap"}
     assert heatmaps == {"Time to first token heatmap", "End-to-end latency heatmap",

@@ -103,7 +103,7 @@ def served(feed) -> tuple[str, str]:
     export = create_prometheus_export(registry, native=True)
     try:
         feed(RequestMetrics(export.provider.get_meter("tailguard")))
-        return export.exposition().decode(), generate_latest(registry).decode()
+        return export.exposition()[0].decode(), generate_latest(registry).decode()
     finally:
         export.shutdown()
 
@@ -141,7 +141,7 @@ def test_the_fast_exposition_serves_other_collectors_too():
                     registry=registry).inc(3)
         RequestMetrics(export.provider.get_meter("tailguard")).instruments[
             R.TTFT.prom_name].record(0.2)
-        body = export.exposition().decode()
+        body = export.exposition()[0].decode()
         assert "vllm_like_total 3.0" in body and f"{R.TTFT.prom_name}_count" in body
         assert sorted(body.splitlines()) == sorted(generate_latest(registry).decode().splitlines())
     finally:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from alerts.config import RuleConfig
+from alerts.ops_rules import OPS_ALERTS
 from alerts.rules import write
 from alerts.slo_rules import BURN_ALERT
 from observe import registry as R
@@ -47,8 +48,9 @@ def prometheus(breach_server, tmp_path_factory):
 
 
 @contextlib.contextmanager
-def running_prometheus(server, tmp: Path):
-    """Debian's Prometheus scraping `server` every second with the breach spec's rules."""
+def running_prometheus(server, tmp: Path, native: bool = False):
+    """Debian's Prometheus scraping `server` every second with the breach spec's rules;
+    `native`: with its native-histograms feature (it then asks for the protobuf format)."""
     exe = shutil.which("prometheus")
     assert exe, "Debian's prometheus package is needed (scripts/system-deps.sh)"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -62,7 +64,8 @@ def running_prometheus(server, tmp: Path):
     log = (tmp / "prometheus.log").open("w")
     process = subprocess.Popen(
         [exe, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address={url.removeprefix('http://')}"],
+         f"--web.listen-address={url.removeprefix('http://')}",
+         *(["--enable-feature=native-histograms"] if native else [])],
         stdout=log, stderr=subprocess.STDOUT, cwd=tmp)
     try:
         _until(lambda: _get(url + "/-/ready", raw=True) == 200, "Prometheus ready", 30)
@@ -137,7 +140,7 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
     """A server just started: its `bad` series must already be scraped at 0, or the
     first miss (0 -> 1) would be a series born at 1, which `rate()` cannot see."""
     fresh = conftest.start_server(tmp_path, "--slo", str(BREACH_SPEC),
-                                  "--histogram-buckets", "slo")
+                                  "--histogram-buckets", "slo", "--native-histograms")
     try:
         with running_prometheus(fresh, tmp_path / "prometheus") as prom:
             bad = (f'tailguard_slo_requests_total{{slo="{BREACH_SLO}",result="bad",'
@@ -160,5 +163,27 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
             p99 = _until(lambda: (q := _query(prom, e2e).get("")) and q == q and q,  # not NaN
                          "a P99 from the slo bounds", 30)
             assert 0 < p99 < 60
+        native_histograms_from_the_real_server(fresh, tmp_path / "prometheus-native", p99)
     finally:
         conftest.stop_server(fresh)
+
+
+def native_histograms_from_the_real_server(server, tmp: Path, classic_p99: float) -> None:
+    """The same server (`--native-histograms`) to a Prometheus with native histograms
+    on: it asks for protobuf, must parse every family (vLLM's `vllm:*` too, or `up` is
+    0), and reads the latency histograms as native ones with the text's counts."""
+    with running_prometheus(server, tmp, native=True) as prom:
+        _until(lambda: _query(prom, f'up{{job="{JOB}"}}').get("") == 1, "protobuf scrape", 20)
+        assert _query(prom, 'count({__name__=~"vllm:.+"})')[""] > 10
+        counts = [line for line in server.metrics().splitlines()
+                  if line.startswith(R.TTFT.prom_name + "_count{") and '"0-1k"' in line]
+        text_count = float(counts[0].rsplit(" ", 1)[1])
+        native = f'histogram_count({R.TTFT.prom_name}{{context_bucket="0-1k"}})'
+        _until(lambda: _query(prom, native).get("") == text_count, "the native count", 20)
+        assert _query(prom, f"count({R.TTFT.prom_name}_bucket)") == {}
+        send_completions(server, 2, 1.5)  # rises over two scrapes, for rate()
+        alert = next(a for a in OPS_ALERTS if a.name == "TailguardHighP99Latency")
+        p99 = alert.expr(JOB).split(" > ")[0]  # the operational alert's, both forms in it
+        native_p99 = _until(lambda: (q := _query(prom, p99).get("")) and q == q and q,
+                            "a P99 from the native histogram", 30)
+        assert 0 < native_p99 < 60 and classic_p99 > 0

@@ -8,7 +8,11 @@ server's histograms count them; the P99 is then computed as Prometheus'
 `histogram_quantile` does (linear inside the bucket the rank falls in, the highest
 finite bound when it falls in +Inf) and compared with the exact P99
 (`quantile_cont(x, 0.99)` in DuckDB). Cells with fewer than `--min-samples` requests
-are left out.
+are left out. `native` is `serve --native-histograms` read by a Prometheus with its
+native-histograms feature: schema 3 exponential buckets, one series per histogram and
+context bucket, its P99 as Prometheus 2.42 computes it
+(`observe.metrics.exponential.quantile`, held to a real Prometheus by
+`tests/test_native_histograms.py`).
 
     python -m bench.serving.histogram_bounds --db report.duckdb [--db more.duckdb]
 """
@@ -22,6 +26,7 @@ import statistics
 import duckdb
 
 from observe import registry as R
+from observe.metrics.exponential import Exponential, quantile
 from slo.histogram_bounds import CHOICES, latency_buckets, series_per_replica
 from slo.loading import load_spec
 
@@ -65,6 +70,14 @@ def exact_p99(values: list[float]) -> float:
                           {"v": values}).fetchone()[0]
 
 
+def native_p99(values: list[float]) -> tuple[float, int]:
+    """The P99 a native histogram of `values` gives, and how many buckets it fills."""
+    histogram = Exponential()
+    for value in values:
+        histogram.observe(value)
+    return quantile(0.99, histogram), len(histogram.counts) + bool(histogram.zero)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", action="append", required=True, help="a trace log (repeatable)")
@@ -75,14 +88,18 @@ def main() -> None:
     data = {key: v for key, v in samples(args.db).items() if len(v) >= args.min_samples}
     choices = {choice: latency_buckets(spec, choice) for choice in CHOICES}
     print("| histogram | context bucket | requests | exact P99 (s) | "
-          + " | ".join(f"{c}: P99 (error)" for c in CHOICES) + " |")
-    print("|---|---|---:|---:|" + "---:|" * len(CHOICES))
-    errors: dict[str, list[float]] = {c: [] for c in CHOICES}
+          + " | ".join(f"{c}: P99 (error)" for c in (*CHOICES, "native")) + " |")
+    print("|---|---|---:|---:|" + "---:|" * (len(CHOICES) + 1))
+    errors: dict[str, list[float]] = {c: [] for c in (*CHOICES, "native")}
+    filled: list[int] = []
     for (name, bucket), values in sorted(data.items()):
         exact = exact_p99(values)
+        estimates = {choice: histogram_quantile(0.99, buckets[name], values)
+                     for choice, buckets in choices.items()}
+        estimates["native"], used = native_p99(values)
+        filled.append(used)
         cells = []
-        for choice, buckets in choices.items():
-            estimate = histogram_quantile(0.99, buckets[name], values)
+        for choice, estimate in estimates.items():
             error = (estimate - exact) / exact if exact else 0.0
             errors[choice].append(abs(error))
             cells.append(f"{estimate:.4g} ({error:+.1%})")
@@ -94,6 +111,11 @@ def main() -> None:
               f"{series_per_replica(buckets)} latency-histogram series per replica; "
               f"|P99 error| median {statistics.median(errs):.2%}, max {max(errs):.2%} "
               f"over {len(errs)} cells")
+    errs = errors["native"]
+    print(f"native: schema 3, {len(R.LATENCY_METRICS) * len(R.CONTEXT_BUCKETS)} latency-"
+          f"histogram series per replica (buckets filled per cell: median "
+          f"{statistics.median(filled):g}, max {max(filled)}); |P99 error| median "
+          f"{statistics.median(errs):.2%}, max {max(errs):.2%} over {len(errs)} cells")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ in `sloth.py`.)
 
 from __future__ import annotations
 
-from observe.registry import MetricDef
+from observe.registry import LATENCY_METRICS, MetricDef
 
 RATE_INTERVAL = "$__rate_interval"
 QUANTILES = (0.5, 0.95, 0.99)
@@ -41,14 +41,25 @@ def gauge(metric: MetricDef, by: tuple[str, ...], selector: str = "") -> str:
 
 
 def quantile(q: float, metric: MetricDef, by: tuple[str, ...], selector: str = "") -> str:
-    """The q-quantile of a histogram over the rate interval, one series per `by`."""
+    """The q-quantile of a histogram over the rate interval, one series per `by`; of a
+    latency histogram's native form where Prometheus keeps that instead of buckets
+    (`serve --native-histograms`, Prometheus with its native-histograms feature)."""
     buckets = summed(f"{metric.prom_name}_bucket", ("le",) + by, selector, "rate")
-    return f"histogram_quantile({q}, {buckets})"
+    classic = f"histogram_quantile({q}, {buckets})"
+    if metric not in LATENCY_METRICS:
+        return classic
+    native = (summed(metric.prom_name, by, selector, "rate") if by
+              else f"sum(rate({metric.prom_name}{selector}[{RATE_INTERVAL}]))")
+    return f"{classic} or histogram_quantile({q}, {native})"
 
 
 def bucket_counts(metric: MetricDef, selector: str = "") -> str:
-    """Observations per histogram bucket over the rate interval (a heatmap's input)."""
-    return summed(f"{metric.prom_name}_bucket", ("le",), selector, "increase")
+    """Observations per histogram bucket over the rate interval (a heatmap's input),
+    from a latency histogram's native form too (Grafana draws its buckets)."""
+    classic = summed(f"{metric.prom_name}_bucket", ("le",), selector, "increase")
+    if metric not in LATENCY_METRICS:
+        return classic
+    return f"{classic} or sum(increase({metric.prom_name}{selector}[{RATE_INTERVAL}]))"
 
 
 def mean(metric: MetricDef, by: tuple[str, ...], selector: str = "") -> str:

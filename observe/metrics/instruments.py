@@ -14,16 +14,22 @@ from dataclasses import dataclass, replace
 
 from observe import registry as R
 from observe.metrics.native import NativeCollector, NativeMeter
+from observe.metrics.protobuf import CONTENT_TYPE as PROTOBUF_TYPE
+from observe.metrics.protobuf import wants_protobuf
 from observe.record import RequestRecord
 from observe.stats import EngineSnapshot
 
 
-def create_instrument(meter, metric: R.MetricDef, buckets: tuple[float, ...] | None = None):
-    """`buckets`: a histogram's bounds in place of the registry's (`--histogram-buckets`)."""
+def create_instrument(meter, metric: R.MetricDef, buckets: tuple[float, ...] | None = None,
+                      exponential: bool = False):
+    """`buckets`: a histogram's bounds in place of the registry's (`--histogram-buckets`);
+    `exponential`: it keeps native buckets too (`--native-histograms`, native meter only)."""
     if buckets is not None:
         metric = replace(metric, buckets=tuple(buckets))
     if isinstance(meter, NativeMeter):
-        return meter.instrument(metric)
+        return meter.instrument(metric, exponential)
+    if exponential:
+        raise ValueError("native histograms need the native meter (no OTLP metric export)")
     kwargs = {"unit": metric.unit, "description": metric.description}
     if metric.kind == "histogram":
         return meter.create_histogram(
@@ -33,12 +39,15 @@ def create_instrument(meter, metric: R.MetricDef, buckets: tuple[float, ...] | N
     return meter.create_gauge(metric.otel_name, **kwargs)
 
 
-def create_instruments(meter, buckets: Mapping[str, tuple[float, ...]] | None = None
-                       ) -> dict[str, object]:
+def create_instruments(meter, buckets: Mapping[str, tuple[float, ...]] | None = None,
+                       exponential: bool = False) -> dict[str, object]:
     """All registry instruments, keyed by Prometheus name; `buckets` replaces the bounds
-    of the histograms it names."""
+    of the histograms it names; `exponential`: the latency histograms keep native
+    buckets too (the token and batch-size ones stay classic: CONTRACT names bounds)."""
     buckets = buckets or {}
-    return {m.prom_name: create_instrument(meter, m, buckets.get(m.prom_name))
+    latency = {m.prom_name for m in R.LATENCY_METRICS} if exponential else set()
+    return {m.prom_name: create_instrument(meter, m, buckets.get(m.prom_name),
+                                           m.prom_name in latency)
             for m in R.ALL_METRICS}
 
 
@@ -51,14 +60,18 @@ class MetricsExport:
     reader: object
     registry: object
 
-    def exposition(self) -> bytes:
-        """The registry's Prometheus text (what /metrics serves): the native collector
-        writes its own families, faster than prometheus_client would."""
-        if isinstance(self.reader, NativeCollector):
-            return self.reader.exposition(self.registry)
-        from prometheus_client import generate_latest
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """What /metrics serves, with its content type: the registry's Prometheus text
+        (the native collector writes its own families, faster than prometheus_client
+        would), or the protobuf format where the scrape's `accept` header asks for it
+        first and native buckets are kept (`observe.metrics.protobuf`)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return generate_latest(self.registry)
+        if not isinstance(self.reader, NativeCollector):
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        if self.reader.exponential and wants_protobuf(accept):
+            return self.reader.exposition(self.registry, protobuf=True), PROTOBUF_TYPE
+        return self.reader.exposition(self.registry), CONTENT_TYPE_LATEST
 
     def shutdown(self) -> None:
         """Stops the provider; its reader leaves the registry."""
@@ -97,8 +110,9 @@ def create_prometheus_export(registry=None, extra_readers=(), resource=None,
 class RequestMetrics:
     """Records requests and engine seconds into the registry's instruments."""
 
-    def __init__(self, meter, buckets: Mapping[str, tuple[float, ...]] | None = None):
-        self.instruments = create_instruments(meter, buckets)
+    def __init__(self, meter, buckets: Mapping[str, tuple[float, ...]] | None = None,
+                 exponential: bool = False):
+        self.instruments = create_instruments(meter, buckets, exponential)
         i = self.instruments
         self._latency = [(i[m.prom_name], m) for m in R.LATENCY_METRICS]
         self._context = i[R.CONTEXT_TOKENS.prom_name]

@@ -22,9 +22,9 @@ from bisect import bisect_left
 from collections.abc import Mapping
 
 from observe import registry as R
-
-_SCOPE_LABELS = ("otel_scope_name", "otel_scope_schema_url", "otel_scope_version")
-
+from observe.metrics import protobuf as P
+from observe.metrics.exposition import client_family, protobuf_family, render
+from observe.metrics.exponential import Exponential
 
 class _Instrument:
     __slots__ = ("metric", "scope", "_labels", "_series", "_lock", "_served")
@@ -58,11 +58,14 @@ class _Instrument:
 
 
 class Histogram(_Instrument):
-    __slots__ = ("_bounds",)
+    __slots__ = ("_bounds", "_exponential")
 
-    def __init__(self, metric, scope, lock, served):
+    def __init__(self, metric, scope, lock, served, exponential: bool = False):
         super().__init__(metric, scope, lock, served)
         self._bounds = tuple(metric.buckets)
+        # label set -> native buckets, kept beside the classic ones (`--native-histograms`)
+        self._exponential: dict[tuple[str, ...], Exponential] | None = (
+            {} if exponential else None)
 
     def record(self, value: float, attributes: Mapping[str, str] | None = None) -> None:
         if not 0 <= value < math.inf:  # as the SDK: NaN, inf and negatives are ignored
@@ -75,6 +78,19 @@ class Histogram(_Instrument):
                 series = self._new(key, [0.0] + [0] * (len(self._bounds) + 1))
             series[0] += value
             series[index + 1] += 1
+            if self._exponential is not None:
+                native = self._exponential.get(key)
+                if native is None:
+                    native = self._exponential[key] = Exponential()
+                native.observe(value)
+
+    def snapshot(self) -> list[tuple[tuple[str, ...], list, Exponential | None]]:
+        """Each label set's classic series and native buckets (None when not kept),
+        copied together, so the two counts agree as Prometheus checks they do."""
+        native = self._exponential or {}
+        with self._lock:
+            return [(key, list(value), native[key].copy() if key in native else None)
+                    for key, value in self._series.items()]
 
 
 class Counter(_Instrument):
@@ -116,8 +132,12 @@ class NativeMeter:
         self.name = name
         self._collector = collector
 
-    def instrument(self, metric: R.MetricDef) -> _Instrument:
+    def instrument(self, metric: R.MetricDef, exponential: bool = False) -> _Instrument:
+        """`exponential`: a histogram keeps native buckets too (`--native-histograms`)."""
         collector = self._collector
+        if exponential:
+            collector.exponential = True
+            return Histogram(metric, self.name, collector.lock, collector.served, True)
         return _KINDS[metric.kind](metric, self.name, collector.lock, collector.served)
 
 
@@ -135,6 +155,7 @@ class NativeCollector:
     def __init__(self):
         self.lock = threading.Lock()
         self.served: list[_Instrument] = []  # those with data, in order of their first
+        self.exponential = False  # some histogram keeps native buckets: protobuf offered
         self._apart = threading.local()
 
     def get_meter(self, name: str) -> NativeMeter:
@@ -146,18 +167,26 @@ class NativeCollector:
         with self.lock:
             served = list(self.served)
         for instrument in served:
-            yield _family(instrument, instrument.samples())
+            yield client_family(instrument, instrument.samples())
 
-    def exposition(self, registry) -> bytes:
+    def exposition(self, registry, protobuf: bool = False) -> bytes:
         """`registry`'s text exposition: its other collectors through prometheus_client,
-        then this one's families through `render()`."""
+        then this one's families through `render()`. `protobuf`: the delimited protobuf
+        one instead (`observe.metrics.protobuf`), native buckets included."""
         from prometheus_client import generate_latest
 
         self._apart.on = True
         try:
-            others = generate_latest(registry)
+            if protobuf:
+                others = b"".join(P.from_client(metric) for metric in registry.collect())
+            else:
+                others = generate_latest(registry)
         finally:
             self._apart.on = False
+        if protobuf:
+            with self.lock:
+                served = list(self.served)
+            return others + b"".join(protobuf_family(instrument) for instrument in served)
         return others + self.render().encode()
 
     def render(self) -> str:
@@ -165,88 +194,8 @@ class NativeCollector:
             served = list(self.served)
         out: list[str] = []
         for instrument in served:
-            _render(instrument, instrument.samples(), out)
+            render(instrument, instrument.samples(), out)
         return "".join(out)
 
     def shutdown(self) -> None:
         pass
-
-
-def _label_names(instrument: _Instrument) -> list[str]:
-    """Every label a series of `instrument` shows (an unset one as ""), sorted."""
-    return sorted(set(instrument._labels) | set(_SCOPE_LABELS))
-
-
-def _scope(instrument: _Instrument) -> dict[str, str]:
-    """The `otel_scope_*` labels the SDK's exporter adds to every series."""
-    return {"otel_scope_name": instrument.scope, "otel_scope_schema_url": "",
-            "otel_scope_version": ""}
-
-
-def _family(instrument: _Instrument, samples):
-    from prometheus_client.core import (
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        HistogramMetricFamily,
-    )
-
-    metric = instrument.metric
-    names, scope = _label_names(instrument), _scope(instrument)
-    factory = {"histogram": HistogramMetricFamily, "counter": CounterMetricFamily,
-               "gauge": GaugeMetricFamily}[metric.kind]
-    family = factory(metric.prom_name, metric.description, labels=names)
-    for key, value in samples:
-        labels = {**scope, **dict(zip(instrument._labels, key))}
-        row = [labels.get(name, "") for name in names]
-        if metric.kind == "histogram":
-            family.add_metric(row, _buckets(metric.buckets, value[1:]), value[0])
-        else:
-            family.add_metric(row, value[0])
-    return family
-
-
-def _render(instrument: _Instrument, samples, out: list[str]) -> None:
-    """One family as `generate_latest` writes it (labels sorted by name, `le` among
-    them; values as Go formats floats)."""
-    from prometheus_client.openmetrics.exposition import ALLOWUTF8, _escape
-    from prometheus_client.utils import floatToGoString
-
-    metric = instrument.metric
-    kind, name = metric.kind, metric.prom_name
-    shown = f"{name.removesuffix('_total')}_total" if kind == "counter" else name
-    help_text = metric.description.replace("\\", r"\\").replace("\n", r"\n")
-    out.append(f"# HELP {shown} {help_text}\n# TYPE {shown} {kind}\n")
-    names, scope = _label_names(instrument), _scope(instrument)
-    for key, value in samples:
-        labels = {**scope, **dict(zip(instrument._labels, key))}
-        pairs = [(k, f'{k}="{_escape(labels.get(k, ""), ALLOWUTF8, False)}"') for k in names]
-        if kind != "histogram":
-            out.append(f"{shown}{{{','.join(p for _, p in pairs)}}} {floatToGoString(value[0])}\n")
-            continue
-        before = "".join(f"{p}," for k, p in pairs if k < "le")
-        after = "".join(f",{p}" for k, p in pairs if k > "le")
-        total = 0
-        for bound, count in zip([*metric.buckets, "+Inf"], value[1:]):
-            total += count
-            out.append(f'{name}_bucket{{{before}le="{bound}"{after}}} {_go(total)}\n')
-        plain = ",".join(p for _, p in pairs)
-        out.append(f"{name}_count{{{plain}}} {_go(total)}\n"
-                   f"{name}_sum{{{plain}}} {floatToGoString(value[0])}\n")
-
-
-def _go(count: int) -> str:
-    """An integer count as `floatToGoString` writes it (5 -> 5.0; 1e6 up in e-form)."""
-    if count < 1_000_000:
-        return f"{count}.0"
-    from prometheus_client.utils import floatToGoString
-
-    return floatToGoString(count)
-
-
-def _buckets(bounds, counts) -> list[tuple[str, int]]:
-    """Cumulative (le, count) pairs, `le` formatted as the OpenTelemetry exporter does."""
-    out, total = [], 0
-    for bound, count in zip([*bounds, "+Inf"], counts):  # a bound as given: 16, 0.5
-        total += count
-        out.append((f"{bound}", total))
-    return out
