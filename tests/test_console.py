@@ -111,6 +111,14 @@ def charts(app: AppTest) -> list[dict]:
     return [json.loads(c.proto.spec) for c in app.get("vega_lite_chart")]
 
 
+def chart_rows(chart) -> list[dict]:
+    """A chart's data: Streamlit ships it beside the spec, as Arrow."""
+    import pyarrow as pa
+
+    return [row for named in chart.proto.datasets
+            for row in pa.ipc.open_stream(named.data.data).read_all().to_pylist()]
+
+
 def metrics(app: AppTest) -> list[tuple[str, str]]:
     return [(m.label, m.value) for m in app.metric]
 
@@ -164,6 +172,15 @@ def test_overview_shows_every_slo_goodput_burn_rates_and_the_policy_banner(live,
     heatmap, flow = charts(app)
     assert [layer["mark"]["type"] for layer in heatmap["layer"]] == ["rect", "text"]
     assert heatmap["layer"][0]["encoding"]["color"]["field"] == "burn_rate"
+    # the cells read what GET /admin/slo says: every window of the always-failing
+    # ttft_breach burns at 100x (100% bad / 1% budget), availability's at 0
+    cells = {(row["slo"], row["window"]): row["burn_rate"]
+             for row in chart_rows(app.get("vega_lite_chart")[0])}
+    for slo, burn in (("ttft_breach", 100.0), ("availability", 0.0)):
+        windows = [w for s in overall if s["name"] == slo for w in s["windows"]
+                   if (slo, w["window"]) in cells]
+        assert windows and all(cells[(slo, w["window"])] == pytest.approx(w["burn_rate"])
+                               == pytest.approx(burn) for w in windows), (slo, cells)
     assert flow["encoding"]["y"]["field"] == "per_s"
     groups, tenants = (d.value for d in app.dataframe)
     assert "0-1k" in set(groups["context_bucket"])
@@ -208,6 +225,14 @@ def test_latency_metric_radio_switches_the_chart(live, seeded):
     by_bucket, classes, outcomes = (d.value for d in app.dataframe)
     assert "0-1k" in set(by_bucket["context_bucket"])
     assert {"ttft_p99", "tpot_p99", "e2e_p99", "met_every_slo"} <= set(by_bucket.columns)
+    # the percentiles are the trace log's own over the window (the default 15 minutes)
+    (exact,) = seeded.sql(
+        "SELECT count(*) AS n, quantile_cont(ttft_s, 0.99) AS ttft, quantile_cont(e2e_s, 0.5) "
+        "AS e2e FROM requests WHERE status = 'ok' AND context_bucket = '0-1k' "
+        "AND arrival_ts > now() - INTERVAL 15 MINUTE")
+    shown = by_bucket.set_index("context_bucket").loc["0-1k"]
+    assert (shown["requests"], shown["ttft_p99"], shown["e2e_p50"]) == (
+        exact["n"], pytest.approx(exact["ttft"]), pytest.approx(exact["e2e"]))
     # the length classes agree with the trace log: every served request of the window,
     # each under the boundaries it was classed by
     (expected,) = seeded.sql(

@@ -14,6 +14,11 @@ context bucket, its P99 as Prometheus 2.42 computes it
 (`observe.metrics.exponential.quantile`, held to a real Prometheus by
 `tests/test_native_histograms.py`).
 
+Then what a scrape costs: the recordings' latencies fed into the server's own
+instruments (`fine` bounds, native buckets kept), `/metrics` written in the text and the
+protobuf format, `--rounds` rounds of 20 scrapes each, order alternating, CPU time of
+the thread.
+
     python -m bench.serving.histogram_bounds --db report.duckdb [--db more.duckdb]
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import statistics
+import time
 
 import duckdb
 
@@ -78,11 +84,39 @@ def native_p99(values: list[float]) -> tuple[float, int]:
     return quantile(0.99, histogram), len(histogram.counts) + bool(histogram.zero)
 
 
+def scrape_cost(data: dict, rounds: int) -> None:
+    """CPU ms a scrape, text against protobuf, alternating (see the module docstring)."""
+    from prometheus_client import CollectorRegistry
+
+    from observe.metrics import RequestMetrics, create_prometheus_export
+
+    export = create_prometheus_export(CollectorRegistry(), native=True)
+    metrics = RequestMetrics(export.provider.get_meter("tailguard"), None, True)
+    for (name, bucket), values in data.items():
+        for value in values:
+            metrics.instruments[name].record(value, {R.LABEL_CONTEXT_BUCKET: bucket})
+    sides = {"text": None, "protobuf": "application/vnd.google.protobuf;"
+             "proto=io.prometheus.client.MetricFamily;encoding=delimited"}
+    costs: dict[str, list[float]] = {side: [] for side in sides}
+    for r in range(rounds):
+        for side in (sides if r % 2 == 0 else reversed(list(sides))):
+            start = time.thread_time()
+            for _ in range(20):
+                body, _ = export.exposition(sides[side])
+            costs[side].append((time.thread_time() - start) / 20 * 1e3)
+        print(f"round {r + 1}: text {costs['text'][-1]:.2f} ms, protobuf "
+              f"{costs['protobuf'][-1]:.2f} ms of CPU a scrape")
+    print("median: " + ", ".join(f"{side} {statistics.median(c):.2f} ms "
+                                 f"[{min(c):.2f}-{max(c):.2f}]" for side, c in costs.items()))
+    export.shutdown()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", action="append", required=True, help="a trace log (repeatable)")
     ap.add_argument("--slo", help="SLO spec (default: the shipped one)")
     ap.add_argument("--min-samples", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5, help="scrape-cost rounds")
     args = ap.parse_args()
     spec = load_spec(args.slo)
     data = {key: v for key, v in samples(args.db).items() if len(v) >= args.min_samples}
@@ -116,6 +150,8 @@ def main() -> None:
           f"histogram series per replica (buckets filled per cell: median "
           f"{statistics.median(filled):g}, max {max(filled)}); |P99 error| median "
           f"{statistics.median(errs):.2%}, max {max(errs):.2%} over {len(errs)} cells")
+    print()
+    scrape_cost(samples(args.db), args.rounds)
 
 
 if __name__ == "__main__":
