@@ -101,7 +101,10 @@ def test_text_is_unchanged_and_protobuf_offered_only_with_native_buckets():
     assert expose(True, None) == expose(False, None) == expose(False, PROTOBUF_ACCEPT)
     body, kind = expose(True, PROTOBUF_ACCEPT)
     assert kind == P.CONTENT_TYPE and body[:1] != b"#"
-    assert not P.wants_protobuf("text/plain;version=0.0.4") and not P.wants_protobuf("")
+    for accept in ("text/plain;version=0.0.4", "", None, "application/vnd.google.protobuf;"
+                   "proto=io.prometheus.client.MetricFamily;encoding=text",
+                   "text/plain;proto=io.prometheus.client.MetricFamily;encoding=delimited"):
+        assert not P.wants_protobuf(accept), accept
 
 
 def feed_latencies(metrics: RequestMetrics, values, bucket: str = "0-1k") -> None:

@@ -31,10 +31,16 @@ _VARINT, _FIXED64, _BYTES = 0, 1, 2
 
 
 def wants_protobuf(accept: str | None) -> bool:
-    """Whether a scrape's Accept header asks for this format (Prometheus names it
-    first, with a higher q, when its native-histograms feature is on)."""
-    return bool(accept) and "io.prometheus.client.MetricFamily" in accept and (
-        "application/vnd.google.protobuf" in accept)
+    """Whether a scrape's Accept header offers this format, delimited (Prometheus names
+    it first, with a higher q, when its native-histograms feature is on); its text and
+    compact-text encodings are not served."""
+    for offer in (accept or "").split(","):
+        params = [part.strip() for part in offer.split(";")]
+        if params[0] == "application/vnd.google.protobuf" and \
+                "proto=io.prometheus.client.MetricFamily" in params and \
+                "encoding=delimited" in params:
+            return True
+    return False
 
 
 def _encode_varint(value: int) -> bytes:
