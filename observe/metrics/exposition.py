@@ -6,6 +6,8 @@ objects (for `collect()`), the text exposition written directly (what
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 from observe.metrics import protobuf as P
 
 _SCOPE_LABELS = ("otel_scope_name", "otel_scope_schema_url", "otel_scope_version")
@@ -22,6 +24,17 @@ def _scope(instrument) -> dict[str, str]:
             "otel_scope_version": ""}
 
 
+def _series_labels(instrument, scope: dict[str, str], key: tuple[str, ...]) -> dict[str, str]:
+    """One series' labels: the scope's, then the instrument's own from its key."""
+    return {**scope, **dict(zip(instrument._labels, key))}
+
+
+def _shown_name(metric) -> str:
+    """The family's name as exposed: a counter's ends in `_total`."""
+    name = metric.prom_name
+    return f"{name.removesuffix('_total')}_total" if metric.kind == "counter" else name
+
+
 def client_family(instrument, samples):
     """One instrument as the prometheus_client family its `collect()` yields."""
     from prometheus_client.core import (
@@ -36,7 +49,7 @@ def client_family(instrument, samples):
                "gauge": GaugeMetricFamily}[metric.kind]
     family = factory(metric.prom_name, metric.description, labels=names)
     for key, value in samples:
-        labels = {**scope, **dict(zip(instrument._labels, key))}
+        labels = _series_labels(instrument, scope, key)
         row = [labels.get(name, "") for name in names]
         if metric.kind == "histogram":
             family.add_metric(row, _buckets(metric.buckets, value[1:]), value[0])
@@ -53,12 +66,12 @@ def render(instrument, samples, out: list[str]) -> None:
 
     metric = instrument.metric
     kind, name = metric.kind, metric.prom_name
-    shown = f"{name.removesuffix('_total')}_total" if kind == "counter" else name
+    shown = _shown_name(metric)
     help_text = metric.description.replace("\\", r"\\").replace("\n", r"\n")
     out.append(f"# HELP {shown} {help_text}\n# TYPE {shown} {kind}\n")
     names, scope = _label_names(instrument), _scope(instrument)
     for key, value in samples:
-        labels = {**scope, **dict(zip(instrument._labels, key))}
+        labels = _series_labels(instrument, scope, key)
         pairs = [(k, f'{k}="{_escape(labels.get(k, ""), ALLOWUTF8, False)}"') for k in names]
         if kind != "histogram":
             out.append(f"{shown}{{{','.join(p for _, p in pairs)}}} {floatToGoString(value[0])}\n")
@@ -78,23 +91,22 @@ def protobuf_family(instrument) -> bytes:
     """One family in the protobuf exposition: the same series, labels and values as
     `render` writes, a histogram's native buckets beside its classic ones."""
     metric = instrument.metric
-    kind, name = metric.kind, metric.prom_name
-    scope = _scope(instrument)
+    kind = metric.kind
+    names, scope = _label_names(instrument), _scope(instrument)
     samples = (instrument.snapshot() if kind == "histogram"
                else [(key, value, None) for key, value in instrument.samples()])
     rows = []
     for key, value, exponential in samples:
-        labels = {**scope, **dict(zip(instrument._labels, key))}
-        pairs = P.labels((k, labels.get(k, "")) for k in _label_names(instrument))
+        labels = _series_labels(instrument, scope, key)
+        pairs = P.labels((k, labels.get(k, "")) for k in names)
         if kind == "histogram":
-            cumulative = _buckets(metric.buckets, value[1:])
-            finite = [(float(le), count) for le, count in cumulative[:-1]]
-            rows.append(P.histogram(pairs, cumulative[-1][1], value[0], finite, exponential))
+            cumulative = list(accumulate(value[1:]))  # the last is +Inf's: the count
+            finite = list(zip(metric.buckets, cumulative))
+            rows.append(P.histogram(pairs, cumulative[-1], value[0], finite, exponential))
         else:
             rows.append((P.counter if kind == "counter" else P.gauge)(pairs, value[0]))
-    shown = f"{name.removesuffix('_total')}_total" if kind == "counter" else name
     code = {"histogram": P.HISTOGRAM, "counter": P.COUNTER, "gauge": P.GAUGE}[kind]
-    return P.family(shown, metric.description, code, rows)
+    return P.family(_shown_name(metric), metric.description, code, rows)
 
 
 def _go(count: int) -> str:

@@ -26,6 +26,7 @@ from observe.metrics import protobuf as P
 from observe.metrics.exposition import client_family, protobuf_family, render
 from observe.metrics.exponential import Exponential
 
+
 class _Instrument:
     __slots__ = ("metric", "scope", "_labels", "_series", "_lock", "_served")
 
@@ -161,12 +162,14 @@ class NativeCollector:
     def get_meter(self, name: str) -> NativeMeter:
         return NativeMeter(name, self)
 
+    def _served(self) -> list[_Instrument]:
+        with self.lock:
+            return list(self.served)
+
     def collect(self):
         if getattr(self._apart, "on", False):  # render() writes them on this thread
             return
-        with self.lock:
-            served = list(self.served)
-        for instrument in served:
+        for instrument in self._served():
             yield client_family(instrument, instrument.samples())
 
     def exposition(self, registry, protobuf: bool = False) -> bytes:
@@ -179,21 +182,15 @@ class NativeCollector:
         try:
             if protobuf:
                 others = b"".join(P.from_client(metric) for metric in registry.collect())
-            else:
-                others = generate_latest(registry)
+                return others + b"".join(protobuf_family(i) for i in self._served())
+            others = generate_latest(registry)
         finally:
             self._apart.on = False
-        if protobuf:
-            with self.lock:
-                served = list(self.served)
-            return others + b"".join(protobuf_family(instrument) for instrument in served)
         return others + self.render().encode()
 
     def render(self) -> str:
-        with self.lock:
-            served = list(self.served)
         out: list[str] = []
-        for instrument in served:
+        for instrument in self._served():
             render(instrument, instrument.samples(), out)
         return "".join(out)
 
