@@ -43,12 +43,15 @@ def test_first_token_estimate(prompt, work, expected_s):
 
 
 @pytest.mark.parametrize("prompt,work,left_s,kw,action,ttft_s,truncate_to,retry_after", [
-    # feasible within the margin (0.8 of the time left) -> admit
+    # feasible within the margin (by default all of the time left) -> admit
     (500, ahead(), 0.2, {}, F.ADMIT, 0.08, None, None),
-    (500, ahead(), 0.1, {}, F.ADMIT, 0.08, None, None),  # 0.08 <= 0.8 x 0.1
-    # just past the margin with nothing ahead: late even on an idle engine -> served
-    # best effort (batch lane); refusing it would only mean never serving it
-    (500, ahead(), 0.099, {}, F.BEST_EFFORT, 0.08, None, None),
+    (500, ahead(), 0.081, {}, F.ADMIT, 0.08, None, None),  # 0.08 <= 1.0 x 0.081
+    # just past it with nothing ahead: late even on an idle engine -> served best
+    # effort (batch lane); refusing it would only mean never serving it
+    (500, ahead(), 0.079, {}, F.BEST_EFFORT, 0.08, None, None),
+    # the same request with the margin 0.8 (the default before issue 19's report)
+    (500, ahead(), 0.1, {"margin": 0.8}, F.ADMIT, 0.08, None, None),  # 0.08 <= 0.8 x 0.1
+    (500, ahead(), 0.099, {"margin": 0.8}, F.BEST_EFFORT, 0.08, None, None),
     # a queue: 2500 tokens ahead drain in 0.11 + 0.11 + 0.06 = 0.28 s -> 1 s
     (500, ahead(tokens=2500), 0.2, {}, F.REFUSE, 0.35, None, 1),
     # a long queue: 25,000 tokens ahead = 25 full steps = 2.75 s -> 3 s
@@ -57,7 +60,7 @@ def test_first_token_estimate(prompt, work, expected_s):
     (500, ahead(slot=5.0), 1.0, {}, F.REFUSE, 5.08, None, 5),
     # nothing released lately and no slot: infinite wait -> the longest Retry-After
     (500, ahead(slot=math.inf), 1.0, {}, F.REFUSE, math.inf, None, F.MAX_RETRY_AFTER_S),
-    # truncating to 1000 tokens makes it fit (0.13 <= 0.24) -> truncate
+    # truncating to 1000 tokens makes it fit (0.13 <= 0.3; the full prompt 0.35) -> truncate
     (3000, ahead(), 0.3, {"truncate_to": 1000}, F.TRUNCATE, 0.13, 1000, None),
     # ... but not when even the truncated prompt is late in the queue; the full prompt
     # is late on an idle engine too (0.35 s) -> best effort, not refused
@@ -69,7 +72,7 @@ def test_first_token_estimate(prompt, work, expected_s):
     # VIP: admitted however late (first in its lane; never refused for load)
     (500, ahead(tokens=25_000), 0.2, {"vip": True}, F.ADMIT, 0.02 + 25 * 0.11 + 0.06,
      None, None),
-    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.16 even idle; a healthy idle
+    # a sick engine (breaker L1): 3x slower -> 0.24 > 0.2 even idle; a healthy idle
     # engine would make it (0.08), so it is refused until the sickness passes
     (500, ahead(), 0.2, {"slowdown": 3.0}, F.REFUSE, 0.24, None, 1),
     # ... and its Retry-After scales too: 2.75 s x 3 -> 9 s

@@ -498,7 +498,7 @@ def test_initial_limit(limit, expected):
 
 def _on(limit: int, **kw) -> Decisions:
     """Decisions with the deadline check in force (it is unless forced off)."""
-    return Decisions(limit, **{"deadline_margin": 0.8, "deadline_truncate_tokens": 4096,
+    return Decisions(limit, **{"deadline_margin": 1.0, "deadline_truncate_tokens": 4096,
                                "prefill_gate_steps": 1.0, **kw})
 
 

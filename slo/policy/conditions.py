@@ -77,9 +77,10 @@ class PolicyConfig:
     # steeply for seconds and stops; preemption is a risk only once the cache is half full.
     memory_exhaustion_floor: float = 0.5
     truncate_tokens: int = 4096
-    # The deadline check admits a request when its estimated first token leaves this
-    # share of the time to its deadline unused (`slo.policy.feasibility`).
-    deadline_margin: float = 0.8
+    # The deadline check admits a request when its estimated first token fits this
+    # share of the time to its deadline (`slo.policy.feasibility`); below 1 it keeps
+    # slack for the estimate's error at the cost of refusing some on-time requests.
+    deadline_margin: float = 1.0
     # false: the deadline check is off from the start (as forcing predicted_miss off
     # does at run time), for a server that must answer every request however late
     deadline_check: bool = True
