@@ -28,7 +28,7 @@ from alerts.rules import write
 from alerts.slo_rules import BURN_ALERT
 from slo.loading import load_spec
 from tests import conftest
-from tests.test_prometheus_e2e import _get, _until, send_completions
+from tests.prometheus_server import get, send_completions, until
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "tests" / "data" / "slo_alerting.yaml"
@@ -108,8 +108,8 @@ def stack(tmp_path):
          f"--storage.tsdb.path={prom_dir / 'data'}",
          f"--web.listen-address={prom_url.removeprefix('http://')}"], prom_dir / "prometheus.log"))
     try:
-        _until(lambda: _get(am_url + "/-/ready", raw=True) == 200, "Alertmanager ready", 30)
-        _until(lambda: _get(prom_url + "/-/ready", raw=True) == 200, "Prometheus ready", 30)
+        until(lambda: get(am_url + "/-/ready", raw=True) == 200, "Alertmanager ready", 30)
+        until(lambda: get(prom_url + "/-/ready", raw=True) == 200, "Prometheus ready", 30)
         yield server, prom_url, receiver
     finally:
         for process in processes:
@@ -129,7 +129,7 @@ def _fault(server, mode: str, delay_s: float = 0.0) -> None:
 
 
 def _first(find: Callable[[], list[dict]], what: str) -> dict:
-    return _until(lambda: (found := find()) and found[0], what, DEADLINE_S)
+    return until(lambda: (found := find()) and found[0], what, DEADLINE_S)
 
 
 def test_the_example_config_passes_amtool():
@@ -140,8 +140,8 @@ def test_the_example_config_passes_amtool():
 
 def test_a_burning_budget_pages_a_human_and_resolves_when_the_fault_clears(stack):
     server, prom, receiver = stack
-    _until(lambda: _get(f"{prom}/api/v1/targets") and all(
-        t["health"] == "up" for t in _get(f"{prom}/api/v1/targets")["data"]["activeTargets"]),
+    until(lambda: get(f"{prom}/api/v1/targets") and all(
+        t["health"] == "up" for t in get(f"{prom}/api/v1/targets")["data"]["activeTargets"]),
         "target up", 30)
     send_completions(server, 10, 0.05)  # on time: the budget is intact
     time.sleep(3)

@@ -26,7 +26,7 @@ from observe.metrics.exponential import (
     upper_bound,
 )
 from tests import conftest
-from tests.test_prometheus_e2e import _query, _until, running_prometheus
+from tests.prometheus_server import query, running_prometheus, until
 
 PROTOBUF_ACCEPT = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
                    "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3,*/*;q=0.2")
@@ -154,22 +154,22 @@ def test_prometheus_ingests_native_histograms_and_every_client_family(tmp_path):
     with serving(export) as target, running_prometheus(target, tmp_path, native=True) as prom:
         feed_latencies(metrics, first)
         count = f'histogram_count({TTFT}{{context_bucket="0-1k"}})'
-        _until(lambda: _query(prom, count).get("") == 500, "the native count", 30)
+        until(lambda: query(prom, count).get("") == 500, "the native count", 30)
         native = Exponential()
         for value in first:
             native.observe(value)
         for q in (0.5, 0.9, 0.99):
-            got = _query(prom, f'histogram_quantile({q}, {TTFT}{{context_bucket="0-1k"}})')
+            got = query(prom, f'histogram_quantile({q}, {TTFT}{{context_bucket="0-1k"}})')
             assert got[""] == pytest.approx(quantile(q, native), rel=1e-9)
-        assert _query(prom, f'histogram_sum({TTFT}{{context_bucket="0-1k"}})')[""] == \
+        assert query(prom, f'histogram_sum({TTFT}{{context_bucket="0-1k"}})')[""] == \
             pytest.approx(sum(first))
-        assert _query(prom, f"count({TTFT}_bucket)") == {}  # native only: no bucket series
+        assert query(prom, f"count({TTFT}_bucket)") == {}  # native only: no bucket series
         tokens = R.CONTEXT_TOKENS.prom_name  # CONTRACT names its bounds: classic
         # (Prometheus 2.42 writes a whole bound read from protobuf as "1024.0")
-        assert _query(prom, f'{tokens}_bucket{{le="1024.0"}}')[""] == 500
-        assert _query(prom, 'demo_events_total{who="ü \\"x\\"\\n"}')[""] == 7
-        assert _query(prom, "demo_level")[""] == -2.5
-        assert _query(prom, 'demo_seconds_bucket{le="1.0"}')[""] == 1
-        assert _query(prom, "demo_size_count")[""] == 1
-        assert _query(prom, 'demo_build_info{version="1"}')[""] == 1
+        assert query(prom, f'{tokens}_bucket{{le="1024.0"}}')[""] == 500
+        assert query(prom, 'demo_events_total{who="ü \\"x\\"\\n"}')[""] == 7
+        assert query(prom, "demo_level")[""] == -2.5
+        assert query(prom, 'demo_seconds_bucket{le="1.0"}')[""] == 1
+        assert query(prom, "demo_size_count")[""] == 1
+        assert query(prom, 'demo_build_info{version="1"}')[""] == 1
     export.shutdown()

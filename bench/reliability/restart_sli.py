@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import re
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,29 +28,13 @@ from pathlib import Path
 import httpx
 
 from bench.common import command_line, machine
+from bench.server_cpu.ab_checkouts import serve
 from serving.engine.embedded_model import ensure_model
-from tailguard.launcher import wait_ready
-from tests.conftest import free_port, stop_process
-from tests.test_prometheus_e2e import JOB, _query, _until, running_prometheus
+from tests.conftest import stop_process
+from tests.prometheus_server import JOB, query, running_prometheus, until
 
 RATIO = "slo:sli_error:ratio_rate5m"
 COUNTER = re.compile(r'^tailguard_slo_requests_total\{(.*)\} (\S+)$')
-
-
-def serve(tree: Path, tmp: Path):
-    """`tailguard serve` from `tree`'s packages, ready; (url, process)."""
-    import subprocess
-
-    port = free_port()
-    cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db",
-           str(tmp / "trace.duckdb"), "--", "--dtype", "float32"]
-    env = dict(os.environ, PYTHONPATH=str(tree), VLLM_CPU_KVCACHE_SPACE="1",
-               TAILGUARD_ADMIN_TOKEN="restart-sli-bench-token")
-    log = tmp / "server.log"
-    process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                               cwd=tree)
-    wait_ready(f"http://127.0.0.1:{port}", process, log)
-    return f"http://127.0.0.1:{port}", process
 
 
 async def load(url: str, requests: int, clients: int, seed: int) -> None:
@@ -91,15 +73,15 @@ def counted(url: str) -> dict[str, float]:
 
 
 def one_side(tree: Path, tmp: Path, requests: int, clients: int, seed: int) -> dict:
-    url, process = serve(tree, tmp)
+    url, process = serve(tree, tmp, policies_off=False)
     try:  # the rules of tests/data/slo_breach.yaml: the shipped spec's SLOs and one more
         with running_prometheus(type("S", (), {"url": url}), tmp / "prometheus") as prom:
-            _until(lambda: _query(prom, f'count_over_time(up{{job="{JOB}"}}[1m])').get("", 0)
+            until(lambda: query(prom, f'count_over_time(up{{job="{JOB}"}}[1m])').get("", 0)
                    >= 2, "two scrapes of the idle server", 30)
             asyncio.run(load(url, requests, clients, seed))
             time.sleep(3.5)
             exact = counted(url)
-            seen = _query(prom, RATIO)
+            seen = query(prom, RATIO)
         return {slo: (share, seen.get(slo)) for slo, share in sorted(exact.items())}
     finally:
         stop_process(process, 60)

@@ -28,7 +28,10 @@ SIDES = ("A", "B")
 IDLE_S = 10
 
 
-def serve(checkout: Path, tmp: Path):
+def serve(checkout: Path, tmp: Path, policies_off: bool = True):
+    """`tailguard serve` from `checkout`'s packages (float32, its own trace log), ready;
+    (url, process). `policies_off`: every degradation policy forced off, as a cost
+    comparison needs."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db",
@@ -41,7 +44,8 @@ def serve(checkout: Path, tmp: Path):
         server = start(cmd, url, tmp / "server.log", env)
     finally:
         os.chdir(here)
-    force_policies_off(url)
+    if policies_off:
+        force_policies_off(url)
     return url, server
 
 
