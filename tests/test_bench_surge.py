@@ -184,14 +184,17 @@ def test_admitted_realtime_and_vip_attainment():
 
 
 def test_miss_prediction_precision_and_recall():
-    rows = [row(ttft_s=0.3, estimate=0.25),  # predicted (0.25 > 0.16) and missed
-            row(ttft_s=0.1, estimate=0.17),  # predicted, made it: a false alarm
+    rows = [row(ttft_s=0.3, estimate=0.25),  # predicted (0.25 > 1.0 x 0.2) and missed
+            row(ttft_s=0.1, estimate=0.21),  # predicted, made it: a false alarm
             row(ttft_s=0.3, estimate=0.1),  # missed, not predicted
-            row(ttft_s=0.1, estimate=0.1),  # neither
+            row(ttft_s=0.1, estimate=0.17),  # neither (within the default margin, 1.0)
             row(ttft_s=0.1, estimate=None),  # no estimate: not judged
             row(status="rejected", ttft_s=None, estimate=0.5)]  # not served: not judged
     assert miss_prediction(rows) == {"judged": 4, "predicted_misses": 2, "misses": 2,
                                      "precision": 0.5, "recall": 0.5}
+    # with the server's margin 0.8 the check would refuse 0.17 > 0.16 too
+    assert miss_prediction(rows, 0.8) == {"judged": 4, "predicted_misses": 3, "misses": 2,
+                                          "precision": 1 / 3, "recall": 0.5}
     assert miss_prediction([row(estimate=0.1)])["precision"] is None
 
 

@@ -40,7 +40,7 @@ Figures per run (the scoring functions in `surge_scoring` are pure and unit-test
   share of those retries served on time (the original request stays a 0 in goodput);
 - miss precision / recall (policies-off runs, where the deadline check refuses
   nobody but still estimates): of the requests it would have refused (estimate above
-  0.8 x target), the share that did miss, and of those that missed, the share it
+  the server's `deadline_margin` x target), the share that did miss, and of those that missed, the share it
   would have refused.
 Goal (issue 19): goodput with policies on >= 1.5x off in every round at 5x and 10x,
 >= 1.2x at 3x.
@@ -91,6 +91,8 @@ def side_order(rnd: int, only: str | None = None) -> tuple:
 def surge_rounds(url: str, rounds: int, rate: float, duration: float, factor: float = 3.0,
                  seed: int = 0, only: str | None = None) -> list[dict]:
     out = []
+    # the margin the server's deadline check refuses with (its default, or --policies')
+    margin = admin(url, "GET", "/admin/policies")["config"]["deadline_margin"]
     for rnd in range(rounds):
         for order, (side, mode) in enumerate(side_order(rnd, only)):
             set_policies(url, mode)
@@ -101,7 +103,7 @@ def surge_rounds(url: str, rounds: int, rate: float, duration: float, factor: fl
                    # the base phase: the first third, before the surge
                    "base_busy": engine_busy(url, start, start + duration / 3),
                    **summarize(by_key, duration),
-                   **server_view(server_rows(url, start, time.time()))}
+                   **server_view(server_rows(url, start, time.time()), margin)}
             print(json.dumps(row), flush=True)
             out.append(row)
     set_policies(url, "auto")

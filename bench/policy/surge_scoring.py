@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from observe.registry import PRIORITY_REALTIME
+from slo.policy.feasibility import DEFAULT_MARGIN
 from slo.targets import DEFAULT_TTFT_TARGET
 
 
@@ -100,7 +101,7 @@ def admitted_attainment(rows: list[dict]) -> dict:
             "vip": len(vip), "vip_attainment": _share([on_time(r) for r in vip])}
 
 
-def miss_prediction(rows: list[dict], margin: float = 0.8) -> dict:
+def miss_prediction(rows: list[dict], margin: float = DEFAULT_MARGIN) -> dict:
     """How the deadline check's verdicts (estimate > margin x target: refuse) compare
     with what happened, on a run where it refused nobody (the policy off): precision
     (of the predicted misses, the share that missed) and recall (of the misses, the
@@ -166,15 +167,16 @@ def summarize(by_key: dict, duration: float) -> dict:
             **retries(by_key)}
 
 
-def server_view(rows: list[dict]) -> dict:
-    """Trace-log figures of one run: the realtime lane, demotions, truncations."""
+def server_view(rows: list[dict], margin: float = DEFAULT_MARGIN) -> dict:
+    """Trace-log figures of one run: the realtime lane, demotions, truncations;
+    `margin`: the server's `deadline_margin`, for the would-refuse verdicts."""
     entered, attained = lane_attainment(rows)
     truncated = sum(any(a.startswith("truncate:") for a in r["policy_actions"] or ())
                     for r in rows)
     return {"realtime_lane": entered, "realtime_lane_attainment": attained,
             "demoted": sum(demoted(r) for r in rows), "truncated": truncated,
             "smooth_exact": truncated == 0, **admitted_attainment(rows),
-            **{f"miss_{k}": v for k, v in miss_prediction(rows).items()},
+            **{f"miss_{k}": v for k, v in miss_prediction(rows, margin).items()},
             **prediction_accuracy(rows)}
 
 
