@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tailguard.launcher import wait_ready
+from tailguard.launcher import refuse_taken_port, wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +46,9 @@ def machine() -> str:
 def start_tailguard(port: int, serve_args: list[str], log: Path, env: dict | None = None,
                     **popen) -> subprocess.Popen:
     """`tailguard serve --port PORT *serve_args` in a child process, its output in `log`;
-    returns once the server answers /readyz (LaunchError if it dies first)."""
+    returns once the server answers /readyz (LaunchError if it dies first, or if
+    something already listens on the port)."""
+    refuse_taken_port("127.0.0.1", port)
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), *serve_args]
     process = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                                **popen)

@@ -7,6 +7,7 @@ Streamlit process; either can be restarted alone, and Ctrl-C stops both cleanly.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +47,7 @@ class Launcher:
             default_token_file(self.db))
 
     def start_server(self) -> Path:
+        refuse_taken_port(self.host, self.port)
         log = Path(self.db).with_suffix(".server.log")
         cmd = [sys.executable, "-m", "tailguard", "serve", "--host", self.host,
                "--port", str(self.port), "--db", self.db, *self.serve_args]
@@ -89,6 +91,20 @@ class Launcher:
                 child.kill()
                 codes.append(child.wait())
         return 0 if all(c in (0, -signal.SIGTERM) for c in codes) else 1
+
+
+def refuse_taken_port(host: str, port: int) -> None:
+    """LaunchError when something already accepts connections on `port`: the new server
+    would fail to bind it only after its imports, a second or more, and meanwhile
+    `wait_ready` would take the other server's /readyz for its own (a bench once drove
+    its load and policy switches into another bench's server this way)."""
+    near = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    try:
+        with socket.create_connection((near, port), timeout=1):
+            pass
+    except OSError:
+        return
+    raise LaunchError(f"{host}:{port} is already in use: another process listens there")
 
 
 def wait_ready(url: str, process: subprocess.Popen, log: Path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -78,6 +79,22 @@ def test_up_tells_the_console_where_it_listens_and_when_to_ask(tmp_path, monkeyp
     assert env["TAILGUARD_CONSOLE_HOST"] == host and env["TAILGUARD_CONSOLE_AUTH"] == auth
     assert env["TAILGUARD_ADMIN_TOKEN_FILE"] == db + ".admin-token"
     assert env["TAILGUARD_URL"] == f"http://{host}:8000"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])
+def test_a_port_already_listened_on_is_refused_before_anything_starts(tmp_path, host):
+    """Else the new server fails to bind only after its imports, and meanwhile the
+    readiness poll takes the other process's answer for its own."""
+    from tailguard.launcher import Launcher, LaunchError
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        launcher = Launcher(host, port, free_port(), str(tmp_path / "up.duckdb"))
+        with pytest.raises(LaunchError, match=f"^{host}:{port} is already in use"):
+            launcher.start_server()
+    assert launcher.children == [] and not list(tmp_path.iterdir())
 
 
 def _wait_for(check, timeout_s: float = 60) -> None:
