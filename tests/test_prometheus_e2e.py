@@ -56,11 +56,11 @@ def test_a_breached_slo_pages_through_a_real_prometheus(breach_server, prometheu
     send_completions(breach_server)
     ratio = "slo:sli_error:ratio_rate5m"
     sli = until(lambda: (s := query(prometheus, ratio)).get(BREACH_SLO) and s,
-                 f"{ratio} for {BREACH_SLO}", DEADLINE_S)
+                f"{ratio} for {BREACH_SLO}", DEADLINE_S)
     assert sli[BREACH_SLO] == 1.0  # every request missed the 1 us target
     assert sli[GOOD_SLO] == 0.0  # no `bad` series at all still reads as 0
     firing = until(lambda: _firing(prometheus) >= {(BREACH_SLO, "page")} and _firing(prometheus),
-                    f"page alert for {BREACH_SLO}", DEADLINE_S)
+                   f"page alert for {BREACH_SLO}", DEADLINE_S)
     assert (GOOD_SLO, "page") not in firing
     burn = query(prometheus, f'slo:current_burn_rate:ratio{{sloth_slo="{BREACH_SLO}"}}')
     assert burn[BREACH_SLO] == pytest.approx(100.0)  # 100% bad / 1% budget
@@ -76,11 +76,11 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
             bad = (f'tailguard_slo_requests_total{{slo="{BREACH_SLO}",result="bad",'
                    'context_bucket="0-1k"}')
             until(lambda: query(prom, f"count_over_time({bad}[1m])").get("", 0) >= 2,
-                   "two scrapes of the zero series", 30)
+                  "two scrapes of the zero series", 30)
             send_completions(fresh, 1, 0)
             ratio = "slo:sli_error:ratio_rate5m"
             sli = until(lambda: (s := query(prom, ratio)).get(BREACH_SLO) and s,
-                         f"{ratio} for {BREACH_SLO} after one request", 30)
+                        f"{ratio} for {BREACH_SLO} after one request", 30)
             assert sli[BREACH_SLO] == 1.0
             # the slo bounds (--histogram-buckets slo): exactly those, and the P99 the
             # operational alert computes from them
@@ -91,7 +91,7 @@ def test_the_first_bad_request_after_a_restart_shows_in_the_error_ratio(tmp_path
             e2e = "histogram_quantile(0.99, sum by (le) (rate(" \
                   f'gen_ai_server_request_duration_seconds_bucket{{job="{JOB}"}}[2m])))'
             p99 = until(lambda: (q := query(prom, e2e).get("")) and q == q and q,  # not NaN
-                         "a P99 from the slo bounds", 30)
+                        "a P99 from the slo bounds", 30)
             assert 0 < p99 < 60
         native_histograms_from_the_real_server(fresh, tmp_path / "prometheus-native", p99)
     finally:
@@ -115,5 +115,5 @@ def native_histograms_from_the_real_server(server, tmp: Path, classic_p99: float
         alert = next(a for a in OPS_ALERTS if a.name == "TailguardHighP99Latency")
         p99 = alert.expr(JOB).split(" > ")[0]  # the operational alert's, both forms in it
         native_p99 = until(lambda: (q := query(prom, p99).get("")) and q == q and q,
-                            "a P99 from the native histogram", 30)
+                           "a P99 from the native histogram", 30)
         assert 0 < native_p99 < 60 and classic_p99 > 0

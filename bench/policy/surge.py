@@ -40,8 +40,8 @@ Figures per run (the scoring functions in `surge_scoring` are pure and unit-test
   share of those retries served on time (the original request stays a 0 in goodput);
 - miss precision / recall (policies-off runs, where the deadline check refuses
   nobody but still estimates): of the requests it would have refused (estimate above
-  the server's `deadline_margin` x target), the share that did miss, and of those that missed, the share it
-  would have refused.
+  the server's `deadline_margin` x target), the share that did miss, and of those
+  that missed, the share it would have refused.
 Goal (issue 19): goodput with policies on >= 1.5x off in every round at 5x and 10x,
 >= 1.2x at 3x.
 

@@ -77,7 +77,7 @@ def one_side(tree: Path, tmp: Path, requests: int, clients: int, seed: int) -> d
     try:  # the rules of tests/data/slo_breach.yaml: the shipped spec's SLOs and one more
         with running_prometheus(type("S", (), {"url": url}), tmp / "prometheus") as prom:
             until(lambda: query(prom, f'count_over_time(up{{job="{JOB}"}}[1m])').get("", 0)
-                   >= 2, "two scrapes of the idle server", 30)
+                  >= 2, "two scrapes of the idle server", 30)
             asyncio.run(load(url, requests, clients, seed))
             time.sleep(3.5)
             exact = counted(url)
