@@ -45,7 +45,7 @@ BEST_EFFORT: Final = "best_effort"
 REFUSE: Final = "refuse"
 # Admit when the estimate fits this share of the time left. 1.0 since issue 19's 3x
 # report (docs/benchmarks.md, "The deadline margin"): 0.8 refused requests that would
-# have been on time (precision 46-94%) and gave 12% less goodput at the median, with
+# have been on time (precision 46-94%) and gave 11% less goodput at the median, with
 # the admitted requests' attainment no better.
 DEFAULT_MARGIN: Final = 1.0
 MAX_RETRY_AFTER_S: Final = 120
