@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Final
 
+from slo.policy.feasibility import DEFAULT_MARGIN
 from slo.policy.lifecycle import Timing
 
 BREAKER_L1: Final = "breaker_l1"
@@ -80,7 +81,7 @@ class PolicyConfig:
     # The deadline check admits a request when its estimated first token fits this
     # share of the time to its deadline (`slo.policy.feasibility`); below 1 it keeps
     # slack for the estimate's error at the cost of refusing some on-time requests.
-    deadline_margin: float = 1.0
+    deadline_margin: float = DEFAULT_MARGIN
     # false: the deadline check is off from the start (as forcing predicted_miss off
     # does at run time), for a server that must answer every request however late
     deadline_check: bool = True
