@@ -39,13 +39,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.policy.surge_scoring import summarize
-from bench.policy.surge_server import drive, set_policies, start
+from bench.policy.surge_scoring import server_view, summarize
+from bench.policy.surge_server import drive, server_rows, set_policies, start
 from slo.policy.length_classes import CLASS_NAMES, class_of
 
 SIDES = ("A", "B")
 START_BOUNDS = (256, 512)
 GROUPS = ("all", *CLASS_NAMES, "vip")
+# the server's view (trace log): of the admitted realtime requests and of the VIP ones,
+# the share on time
+ATTAINMENTS = ("admitted_realtime_attainment", "vip_attainment")
 
 
 def ttft_figures(by_key: dict) -> dict:
@@ -69,11 +72,15 @@ def ttft_figures(by_key: dict) -> dict:
 def one_run(url: str, scenario: str, rate: float, duration: float, factor: float,
             seed: int) -> dict:
     time.sleep(5)
+    began = time.time()
     by_key = asyncio.run(drive(url, scenario, rate, duration, seed, factor,
                                retry_refused=False))
     figures = summarize(by_key, duration)
+    served = server_view(server_rows(url, began, time.time()))
     return {"offered": figures["offered"], "ok": figures["ok"], "refused": figures["shed"],
-            "goodput_rps": figures["goodput_rps"], **ttft_figures(by_key)}
+            "goodput_rps": figures["goodput_rps"],
+            **{k: served[k] for k in ATTAINMENTS}, "vip": served["vip"],
+            "admitted_realtime": served["admitted_realtime"], **ttft_figures(by_key)}
 
 
 def run_sides(args, tmp: Path) -> list[dict]:
@@ -119,23 +126,28 @@ def ratios(rows: list[dict], key: str) -> list[float]:
 def report(rows: list[dict]) -> dict[str, float]:
     """Every run, then the B/A ratios per round with their median and spread; the
     medians."""
-    print("| round | side | first? | offered | served | refused | goodput | TTFT P50 / P99 "
-          "(n): all | short | medium | long | VIP |")
-    print("|" + "---|" * 11)
+    print("| round | side | first? | offered | served | refused | goodput | admitted realtime "
+          "att. | VIP att. | TTFT P50 / P99 (n): all | short | medium | long | VIP |")
+    print("|" + "---|" * 13)
     for r in rows:
         cells = [f"{_ms(r[f'{g}_p50'])} / {_ms(r[f'{g}_p99'])} ({r[f'{g}_n']})"
                  for g in GROUPS]
         print(f"| {r['round']} | {r['side']} | {'yes' if r['first'] else 'no'} "
               f"| {r['offered']} | {r['ok']} | {r['refused']} | {r['goodput_rps']:.2f} | "
-              + " | ".join(cells) + " |")
+              f"{_pct(r['admitted_realtime_attainment'])} ({r['admitted_realtime']}) | "
+              f"{_pct(r['vip_attainment'])} ({r['vip']}) | " + " | ".join(cells) + " |")
     medians = {}
-    for key in (*(f"{g}_p99" for g in GROUPS), "goodput_rps"):
+    for key in (*(f"{g}_p99" for g in GROUPS), "goodput_rps", *ATTAINMENTS):
         xs = ratios(rows, key)
         if xs:
             medians[key] = statistics.median(xs)
             print(f"{key} B/A per round: {[round(x, 3) for x in xs]}, median "
                   f"{medians[key]:.3f} (min {min(xs):.3f}, max {max(xs):.3f})")
     return medians
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _ms(x) -> str:
