@@ -26,6 +26,7 @@ from observe.record import AdmissionLoad
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker, PrefillEnd
+from serving.guard.work_ahead import WorkAheadView
 from serving.guard.live_predictor import PredictionService
 from serving.guard.verdicts import Admitted, Refusal, shed_refusal
 from serving.limiter import Limiter, LimiterFull, LimiterTimeout
@@ -34,7 +35,8 @@ from slo.policy.decisions import Decisions
 from slo.policy.length_classes import LengthClasses, class_of
 from slo.policy.retry_book import RetryBook
 from slo.policy.vip_stream import VipStream
-from slo.sim.lanes import LANE_VIP, engine_priority, kv_reserved_from, lane_of
+from slo.sim.lanes import LANE_VIP, engine_priority, lane_of
+
 
 
 class Admission:
@@ -53,13 +55,13 @@ class Admission:
         self.refused_deadline = 0  # requests refused by the deadline check (a counter)
         self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
         self.vips = VipStream()  # VIP prompts admitted lately: work ahead still to come
+        self.ahead = WorkAheadView(load, limiter, self.engine_model)
         limiter.kv_free = self.kv_free_tokens  # the VIP reserve's reading
         self.epoch = time.monotonic()  # engine priorities count deadlines from here
 
     def kv_free_tokens(self, usage: float | None = None) -> int:
         """KV-cache tokens free at `usage` (default: the engine's latest statistics)."""
-        usage = self.load.kv_cache_usage if usage is None else usage
-        return int(self.engine_model.model.kv_capacity_tokens * (1.0 - usage))
+        return self.ahead.kv_free_tokens(usage)
 
     def publish(self, decisions: Decisions) -> None:
         """The policy loop's latest decisions; every later request is admitted by them."""
@@ -133,36 +135,9 @@ class Admission:
                    deadline: float = float("inf"), rank: int = 0,
                    priority: int | None = None) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
-        token: the rest of the engine's step in progress (with the prefill chunk it
-        took of the prompts the engine held when it began), the prompt tokens in the
-        engine not yet prefilled beyond that chunk but those it will pass there (with
-        engine `priority`: vLLM serves the prompts it has started first, then its
-        waiting queue by priority), and those the limiter will let in before it (the
-        lanes before its own, and those in its own ordered before it: a lower `rank`,
-        or the same and due earlier)."""
-        model, running = self.engine_model.model, load.running_requests
-        waiting, waiting_pairs, _ = self.limiter.waiting_work()
-        in_engine = max(0, load.pending_prefill_tokens - waiting)
-        in_engine_pairs = max(0, load.pending_prefill_pairs - waiting_pairs)
-        since = self.engine_model.since_last_step_s(now)
-        entered, entered_pairs, entered_prompts = (0, 0, 0) if since is None else \
-            self.limiter.entered_since(now - since)
-        at_start = max(0, in_engine - entered)
-        at_start_pairs = max(0, in_engine_pairs - entered_pairs)
-        at_start_prompts = max(0, self.limiter.engine_prefill_prompts - entered_prompts)
-        step = F.step_in_progress(model, running, at_start, since, at_start_pairs,
-                                  at_start_prompts)
-        ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline, rank)
-        passed, passed_pairs, passed_prompts = self.load.passed_by(priority)
-        kv_free = (self.kv_free_tokens(load.kv_cache_usage) - step.chunk
-                   - kv_reserved_from(lane, self.decisions.vip_kv_reserve))
-        return F.WorkAhead(
-            max(0, in_engine - step.chunk - passed) + ahead, running, step.remaining_s,
-            self.limiter.slot_wait_s(lane, now),
-            max(0, in_engine_pairs - step.chunk_pairs - passed_pairs) + ahead_pairs,
-            max(0, self.limiter.engine_prefill_prompts - passed_prompts) + ahead_prompts,
-            kv_free, self.limiter.kv_free_rate(now), self.load.preemptable_by(priority),
-            self.load.kv_use_rate)
+        token (`serving.guard.work_ahead`)."""
+        return self.ahead.work_ahead(lane, load, now, deadline, rank, priority,
+                                     self.decisions.vip_kv_reserve)
 
     def entered(self, prefill: PrefillEnd) -> None:
         self.load.in_engine.add(prefill)

@@ -268,7 +268,10 @@ def test_a_newcomer_passes_the_prompts_waiting_in_the_engine_that_are_due_after_
         newcomer, passed):
     async def scenario():
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
-        adm.engine_model.last_step_end = time.monotonic() - 10.0  # no step in progress
+        # a busy engine (a decode running) whose step in progress began before the
+        # prompts came: it holds none of them
+        adm.load._second.on_scheduler(1, 0, 0.1)
+        adm.engine_model.last_step_end = time.monotonic() - 0.001
         loop, prefills = asyncio.get_running_loop(), []
         for tokens, priority in ((400, 0), (300, 2000), (500, 5000)):
             await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
@@ -320,29 +323,66 @@ def test_the_kv_use_rate_is_the_tokens_recent_steps_computed_a_second():
     assert load.kv_use_rate == pytest.approx(200.0 / (0.8 * 0.1 + 0.2 * 0.3))
 
 
-@pytest.mark.parametrize("entered_before_step_s, since_step_s, ahead, in_step", [
+@pytest.mark.parametrize("entered_s_ago, since_step_s, running, ahead, in_step", [
     # a 600-token prompt entered before the step in progress began: the step holds it,
     # so it is not work ahead after the step; the step has 0.02 s less to go
-    (0.3, 0.02, 0, "step-0.02"),
-    # ... entered after the step began (the engine is decoding): all of it is ahead
-    (0.05, 0.1, 600, "none"),
+    (0.3, 0.02, 1, 0, "step-0.02"),
+    # ... entered after the step began (the engine is decoding, a step of one decode
+    # whose phase is not known: half of it to go): all of it is ahead
+    (0.05, 0.1, 1, 600, "decode"),
+    # ... entered an idle engine (nothing running, nothing held when its last step
+    # ended): the engine began a step with it as it came, 0.05 s ago
+    (0.05, 0.1, 0, 0, "step-0.05"),
     # no step seen yet: its phase unknown, half a step that holds it
-    (0.3, None, 0, "half"),
+    (0.3, None, 0, 0, "half"),
 ])
 def test_the_step_in_progress_holds_the_prompts_that_entered_before_it_began(
-        entered_before_step_s, since_step_s, ahead, in_step):
-    adm = _admission(Decisions(8, **DEADLINE), 5.0)
-    model = adm.engine_model.model
-    now = time.monotonic()
-    adm.limiter._enter(600)
-    adm.limiter._entries[-1] = (now - entered_before_step_s, 600)
-    adm.engine_model.last_step_end = 0.0 if since_step_s is None else now - since_step_s
-    adm.load.admit(600)  # it has no first token yet
-    work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), now)
-    step = model.step_s(1, 600, attention_pairs(0, 600))
-    expected = {"step-0.02": step - 0.02, "none": 0.0, "half": 0.5 * step}[in_step]
+        entered_s_ago, since_step_s, running, ahead, in_step):
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        now = time.monotonic()
+        adm.limiter._enter(600)
+        adm.limiter._entries[-1] = (now - entered_s_ago, 600)
+        adm.load._second.on_scheduler(running, 0, 0.1)
+        adm.engine_model.last_step_end = 0.0 if since_step_s is None else now - since_step_s
+        adm.load.admit(600)  # it has no first token yet
+        # due before the newcomer: never passed, it is ahead unless a step holds it
+        PrefillEnd(adm, 600, asyncio.get_running_loop(), 0).entered_at = now - entered_s_ago
+        return adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), now, priority=1000)
+
+    work = asyncio.run(scenario())
+    model = _admission(Decisions(8)).engine_model.model
+    step = model.step_s(running + 1, running + 600, attention_pairs(0, 600))
+    expected = {"step-0.02": step - 0.02, "step-0.05": step - 0.05, "half": 0.5 * step,
+                "decode": 0.5 * model.step_s(1, 1, 0)}[in_step]
     assert work.prefill_tokens == ahead
     assert work.step_remaining_s == pytest.approx(expected)
+
+
+def test_a_newcomer_passes_no_prompt_the_step_in_progress_started():
+    """The step took its chunk from the prompt vLLM had started (A, 100 tokens left),
+    then from the waiting ones by priority (B due at 2000: 300 tokens); C (due at 5000)
+    got none of it. Until a chunk of B is reported it still reads as waiting, but vLLM
+    runs B's rest before any waiting prompt: a newcomer due first passes C alone."""
+    async def scenario():
+        adm = _admission(Decisions(8, **DEADLINE), 5.0)
+        adm.load._second.on_scheduler(1, 0, 0.1)  # one decode running
+        loop, prefills = asyncio.get_running_loop(), []
+        for tokens, priority in ((400, 0), (3000, 2000), (500, 5000)):
+            await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
+            adm.load.admit(tokens)
+            prefills.append(PrefillEnd(adm, tokens, loop, priority))
+        prefills[0].chunk(300)
+        adm.engine_model.last_step_end = time.monotonic()  # the step began: it holds all
+        work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
+                              priority=1000)
+        return adm.engine_model.model, work
+
+    model, work = asyncio.run(scenario())
+    chunk = F.in_progress_chunk(model, 1, 100 + 3000 + 500, 3)
+    assert 100 < chunk < 100 + 3000  # A's rest and part of B
+    assert work.prefill_tokens == 100 + 3000 + 500 - chunk - 500
+    assert work.prompts == 2
 
 
 def test_an_admitted_prompt_stands_at_the_prefill_gate_until_its_first_token():

@@ -165,13 +165,18 @@ def test_the_ab_bench_splits_ttft_by_class_and_reports_b_over_a_per_round(capsys
     assert got["all_p99"] == pytest.approx(np.percentile([0.1, 0.3, 0.6, 0.05, 0.2], 99))
     assert got["vip_p99"] == pytest.approx(0.05)
 
-    def row(rnd, side, p99, goodput):
+    def row(rnd, side, p99, goodput, vip=1.0):
         figures = {f"{g}_{k}": 0.1 for g in GROUPS for k in ("p50", "p99")}
         figures.update({f"{g}_n": 1 for g in GROUPS})
         return {"round": rnd, "side": side, "first": True, "offered": 1, "ok": 1,
-                "refused": 0, "goodput_rps": goodput, **figures, "all_p99": p99}
-    medians = report([row(0, "A", 1.0, 2.0), row(0, "B", 0.9, 2.0),
+                "refused": 0, "goodput_rps": goodput, **figures, "all_p99": p99,
+                "admitted_realtime_attainment": 0.9, "admitted_realtime": 10,
+                "vip_attainment": vip, "vip": 4}
+    medians = report([row(0, "A", 1.0, 2.0, 0.5), row(0, "B", 0.9, 2.0, 0.75),
                       row(1, "B", 0.7, 2.2), row(1, "A", 1.0, 2.0)])
     assert medians["all_p99"] == pytest.approx(0.8)
     assert medians["goodput_rps"] == pytest.approx(1.05) and medians["short_p99"] == 1.0
-    assert "all_p99 B/A per round: [0.9, 0.7], median 0.800" in capsys.readouterr().out
+    assert medians["vip_attainment"] == pytest.approx(1.25)
+    out = capsys.readouterr().out
+    assert "all_p99 B/A per round: [0.9, 0.7], median 0.800" in out
+    assert "| 0 | A | yes | 1 | 1 | 0 | 2.00 | 90.0% (10) | 50.0% (4) |" in out

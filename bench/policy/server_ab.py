@@ -2,8 +2,10 @@
 seed-000 length class and goodput.
 
 Two servers on the embedded model run side by side: A with the defaults, B with
-`--b-policy FIELD=VALUE` (policy settings, `tailguard serve --policies`) and
-`--b-engine-arg` (vLLM engine flags); `--engine-arg` goes to both. Each round drives
+`--b-policy FIELD=VALUE` (policy settings, `tailguard serve --policies`),
+`--b-engine-arg` (vLLM engine flags) and `--a-checkout`/`--b-checkout` (a source tree
+each side serves from: two commits' code, e.g. `git worktree add`); `--engine-arg` goes
+to both. Each round drives
 the same workload (a `loadgen` scenario over 60/10/30 realtime/VIP/batch keys; the
 mixed-length ones put documents among chat prompts) through each, one at a time, the
 order alternating. Per run, from the client's clock: TTFT P50/P99 of the served
@@ -96,8 +98,9 @@ def run_sides(args, tmp: Path) -> list[dict]:
                     policies = path / "policies.yaml"
                     policies.write_text("".join(f"{kv.replace('=', ': ', 1)}\n"
                                                 for kv in args.b_policy))
+            checkout = args.b_checkout if side == "B" else args.a_checkout
             servers.append(start(path, args.port + i, None, engine,
-                                 str(policies) if policies else None))
+                                 str(policies) if policies else None, checkout))
             urls[side] = f"http://127.0.0.1:{args.port + i}"
             set_policies(urls[side], "auto")
         for rnd in range(args.rounds):
@@ -169,6 +172,8 @@ def main() -> None:
                     help="a vLLM engine flag for B only (repeat)")
     ap.add_argument("--b-policy", action="append", default=[], metavar="FIELD=VALUE",
                     help="a policy setting for B only (repeat)")
+    ap.add_argument("--a-checkout", type=Path, help="a source tree A serves from")
+    ap.add_argument("--b-checkout", type=Path, help="a source tree B serves from")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_sides(args, Path(tmp))

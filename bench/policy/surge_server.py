@@ -29,9 +29,11 @@ POLICIES = ("breaker_l1", "breaker_l2", "token_cap", "vip_only", "memory_pressur
 
 
 def start(tmp: Path, port: int, latency_model: str | None,
-          engine_args: tuple[str, ...] = (), policies: str | None = None) -> subprocess.Popen:
+          engine_args: tuple[str, ...] = (), policies: str | None = None,
+          checkout: Path | None = None) -> subprocess.Popen:
     """`engine_args`: more vLLM engine arguments (e.g. `--dtype float32`); `policies`:
-    a policy settings file (`tailguard serve --policies`)."""
+    a policy settings file (`tailguard serve --policies`); `checkout`: a source tree to
+    serve from (another commit's, for an A/B of code; default: this one)."""
     (tmp / "keys.yaml").write_text(KEYS_YAML)
     if latency_model:  # what the server would have learnt from earlier traffic
         (tmp / "models").mkdir()
@@ -42,7 +44,7 @@ def start(tmp: Path, port: int, latency_model: str | None,
              *(["--policies", policies] if policies else []),
              "--", "--kv-cache-memory-bytes", str(48 * 1024 * 1024), *engine_args]
     env = {**os.environ, "TAILGUARD_ADMIN_TOKEN": TOKEN}
-    return start_tailguard(port, serve, tmp / "server.log", env)
+    return start_tailguard(port, serve, tmp / "server.log", env, cwd=checkout)
 
 
 def admin(url: str, method: str, path: str, body: dict | None = None) -> dict:
