@@ -363,7 +363,9 @@ def test_a_newcomer_passes_no_prompt_the_step_in_progress_started():
     """The step took its chunk from the prompt vLLM had started (A, 100 tokens left),
     then from the waiting ones by priority (B due at 2000: 300 tokens); C (due at 5000)
     got none of it. Until a chunk of B is reported it still reads as waiting, but vLLM
-    runs B's rest before any waiting prompt: a newcomer due first passes C alone."""
+    runs B's rest before any waiting prompt: a newcomer due first passes C alone. A
+    prompt whose first token came (D) takes nothing of the step, whatever the chunk
+    reports said."""
     async def scenario():
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
         adm.load._second.on_scheduler(1, 0, 0.1)  # one decode running
@@ -373,6 +375,9 @@ def test_a_newcomer_passes_no_prompt_the_step_in_progress_started():
             adm.load.admit(tokens)
             prefills.append(PrefillEnd(adm, tokens, loop, priority))
         prefills[0].chunk(300)
+        await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=2000)
+        adm.load.admit(2000)
+        PrefillEnd(adm, 2000, loop, 0).ended()  # its first token came: none of it is left
         adm.engine_model.last_step_end = time.monotonic()  # the step began: it holds all
         work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
                               priority=1000)

@@ -116,7 +116,8 @@ class LoadTracker:
         by priority and arrival, `cap` tokens each at most, until `chunk` is used."""
         if step_began is None or chunk <= 0:
             return set()
-        held = sorted((p for p in self.in_engine if p.entered_at <= step_began and p.left),
+        held = sorted((p for p in self.in_engine
+                       if p.pending and p.left and p.entered_at <= step_began),
                       key=lambda p: (p.waiting, p.priority, p.entered_at))
         started = set()
         for p in held:

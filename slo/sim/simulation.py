@@ -106,7 +106,7 @@ class Simulator:
         self.lanes.push(req)
 
     def _work_ahead(self, req: SimRequest, step_left_s: float = 0.0) -> F.WorkAhead:
-        """As `serving.admission.Admission.work_ahead`: prompt tokens in the engine not
+        """As `serving.guard.work_ahead.WorkAheadView`: prompt tokens in the engine not
         yet prefilled (but those waiting there that it passes: due after it), those
         waiting in its lane or before it, the slot wait."""
         self._forget_releases()
