@@ -5,9 +5,9 @@ Two points, because what is known grows on the way in:
   non-VIP load, the max_tokens cap;
 - `admit` (tokenized, just before the engine): the load it meets, truncation, the
   deadline check (`slo.policy.feasibility`: can its first token still come in time
-  given the work ahead of it in its lane? if not, truncate where a policy allows it
-  and that suffices, else refuse at once with 429 and the predicted drain time as
-  Retry-After), its predicted latency, any injected fault, then the limiter: a
+  given the work ahead of it in its lane, `serving.guard.work_ahead`? if not, truncate
+  where a policy allows it and that suffices, else refuse at once with 429 and the
+  predicted drain time as Retry-After), its predicted latency, any injected fault, then the limiter: a
   concurrency limit and a prefill gate in front of the engine, VIP, realtime and batch
   lanes, earliest deadline first within each (`serving.limiter`); the same order is
   the request's engine priority (`Admitted.priority`).
@@ -26,9 +26,9 @@ from observe.record import AdmissionLoad
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker, PrefillEnd
-from serving.guard.work_ahead import WorkAheadView
 from serving.guard.live_predictor import PredictionService
 from serving.guard.verdicts import Admitted, Refusal, shed_refusal
+from serving.guard.work_ahead import WorkAheadView
 from serving.limiter import Limiter, LimiterFull, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
@@ -36,7 +36,6 @@ from slo.policy.length_classes import LengthClasses, class_of
 from slo.policy.retry_book import RetryBook
 from slo.policy.vip_stream import VipStream
 from slo.sim.lanes import LANE_VIP, engine_priority, lane_of
-
 
 
 class Admission:
