@@ -5,12 +5,13 @@ Two points, because what is known grows on the way in:
   non-VIP load, the max_tokens cap;
 - `admit` (tokenized, just before the engine): the load it meets, truncation, the
   deadline check (`slo.policy.feasibility`: can its first token still come in time
-  given the work ahead of it in its lane, `serving.guard.work_ahead`? if not, truncate
-  where a policy allows it and that suffices, else refuse at once with 429 and the
-  predicted drain time as Retry-After), its predicted latency, any injected fault, then the limiter: a
-  concurrency limit and a prefill gate in front of the engine, VIP, realtime and batch
-  lanes, earliest deadline first within each (`serving.limiter`); the same order is
-  the request's engine priority (`Admitted.priority`).
+  given the work ahead of it in its lane, `serving.guard.work_ahead`? if not,
+  truncate where a policy allows it and that suffices, else refuse at once with 429
+  and the predicted drain time as Retry-After), its predicted latency, any injected
+  fault, then the limiter: a concurrency limit and a prefill gate in front of the
+  engine, VIP, realtime and batch lanes, earliest deadline first within each
+  (`serving.limiter`); the same order is the request's engine priority
+  (`Admitted.priority`).
 Each decision lands in `policy_actions` (span and row); a refusal is a `Refusal`,
 which the HTTP layer answers (`serving.errors`); `publish()` takes the policy loop's decisions.
 """
