@@ -64,11 +64,11 @@ class WorkAheadView:
     def _step_in_progress(self, now: float, running: int, in_engine: int,
                           in_engine_pairs: int) -> tuple[F.StepInProgress, float | None, int]:
         """The engine's step in progress, until when prompts sent to the engine are held
-        by it (None: no step seen yet), and how many prompts it holds. A busy engine began it as its last step
-        ended, with the prompts it held then (not those sent since, which wait for the
-        next step); an idle one (nothing running or held when its last step ended)
-        begins one the moment a prompt comes, with that prompt and any sent with it
-        (`JOIN_S`)."""
+        by it (None: no step seen yet), and how many prompts it holds. A busy engine
+        began it as its last step ended, with the prompts it held then (not those sent
+        since, which wait for the next step); an idle one (nothing running or held when
+        its last step ended) begins one the moment a prompt comes, with that prompt and
+        any sent with it (`JOIN_S`)."""
         model, since = self.engine_model.model, self.engine_model.since_last_step_s(now)
         if since is None:
             prompts = self.limiter.engine_prefill_prompts
