@@ -37,7 +37,7 @@ from serving.streaming import (
     CLIENT_CLOSED,
     TimedStreamingResponse,
     observed_stream,
-    prepend,
+    Started,
     settle,
 )
 
@@ -85,7 +85,7 @@ async def serve_generation(raw: Request, endpoint: Endpoint, deps: RequestDeps):
             await settle(engine, rec)  # the engine wrapper forgets the request
         deps.observer.finish(rec, span)
         return _with_id(error.response(), rec)
-    if isinstance(result, AsyncIterator):
+    if isinstance(result, Started):
         stream = observed_stream(result, rec, span, deps.observer, engine)
         return _with_id(TimedStreamingResponse(
             stream, deps.config.stream_write_timeout_s, rec,
@@ -152,15 +152,14 @@ async def _start(serving, handler: str, request, raw: Request, engine, owner: st
     try:
         result = await getattr(serving, handler)(request, raw)
         if isinstance(result, AsyncIterator):
-            first = await anext(result, None)
-            result = prepend(first, result)
+            result = Started(await anext(result, None), result)
     except Exception as exc:
         outcome = engine.outcome(owner)
         raise (from_exception(exc) if outcome is None else from_outcome(outcome)) from None
     outcome = engine.outcome(owner)
     if outcome is not None:
-        if isinstance(result, AsyncIterator):
-            await result.aclose()
+        if isinstance(result, Started):
+            await result.rest.aclose()
         raise from_outcome(outcome)
     if isinstance(result, ErrorResponse):
         raise from_vllm_response(result)

@@ -3,8 +3,9 @@ failures inside a started stream reported as ours, and a write timeout for clien
 that stop reading.
 
 A stream's engine request frees its engine slot as soon as the engine is done with
-it (`ObservedEngine`'s pump), so a client that never reads holds no engine capacity;
-the write timeout then bounds how long it holds a connection and a response task.
+it (`ObservedEngine` follows its outputs as vLLM hands them over), so a client that
+never reads holds no engine capacity; the write timeout then bounds how long it holds
+a connection and a response task.
 """
 
 from __future__ import annotations
@@ -120,18 +121,25 @@ def stalled(rec) -> None:
              R.STATUS_ABORTED)
 
 
-async def prepend(first, rest: AsyncIterator):
-    if first is not None:
-        yield first
-    async for chunk in rest:
-        yield chunk
+class Started:
+    """vLLM's stream with its first chunk read already (None: it had none), so that
+    admission could still refuse it with a status code."""
+
+    __slots__ = ("first", "rest")
+
+    def __init__(self, first: str | None, rest: AsyncIterator[str]):
+        self.first, self.rest = first, rest
 
 
-async def observed_stream(chunks: AsyncIterator[str], rec, span, observer, engine):
+async def observed_stream(started: Started, rec, span, observer, engine):
     """Pass vLLM's SSE chunks through; finish the record (`observer`) when the stream
-    ends. `engine`: the observed engine serving it."""
+    ends. `engine`: the observed engine serving it. The first chunk is yielded here
+    rather than by a generator in front: one layer less for every chunk."""
     current_request.set(rec)  # this generator runs in the response task's context
+    chunks = started.rest
     try:
+        if started.first is not None:
+            yield _checked(started.first, engine, rec)
         async for chunk in chunks:
             if chunk.startswith(STREAM_ERROR_PREFIX):
                 chunk = _stream_error(engine, rec, chunk)
@@ -168,6 +176,11 @@ async def settle(engine, rec) -> None:
     added its outcome to it."""
     if engine is not None:
         await engine.settle(rec.request_id)
+
+
+def _checked(chunk: str, engine, rec) -> str:
+    return _stream_error(engine, rec, chunk) if chunk.startswith(STREAM_ERROR_PREFIX) \
+        else chunk
 
 
 def _stream_error(engine, rec, chunk: str) -> str:

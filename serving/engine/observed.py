@@ -16,6 +16,7 @@ which the HTTP layer reads back with `outcome()` and answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import time
@@ -36,7 +37,14 @@ from serving.engine.failures import (
     is_engine_dead,
 )
 from serving.engine.load import PrefillEnd
-from serving.engine.outputs import absorb, is_delta, prompt_length
+from serving.engine.outputs import (
+    EngineRequest,
+    absorb,
+    is_delta,
+    next_watch,
+    prompt_length,
+    watched_collector,
+)
 from serving.engine.processes import alive, engine_processes, kill_all, wait_gone
 from serving.engine.step_receiver import StepLedger
 
@@ -59,9 +67,11 @@ class ObservedEngine:
                  hang_s: float | None = None, on_failure: Callable[[], None] | None = None):
         # imported here, once: vLLM loads with an engine, not with this module (a
         # `serve` that refuses its arguments must not wait for vLLM)
-        from vllm.v1.engine.output_processor import RequestOutputCollector
+        from vllm.v1.engine import async_llm
 
-        self._mailbox_type = RequestOutputCollector
+        if not getattr(async_llm.RequestOutputCollector, "watched", False):
+            async_llm.RequestOutputCollector = watched_collector(
+                async_llm.RequestOutputCollector)
         self._engine = engine
         self._ledger = ledger
         ledger.drain_before(getattr(engine, "output_processor", None))
@@ -71,10 +81,10 @@ class ObservedEngine:
         self.fault: str | None = None  # ENGINE_DEAD / ENGINE_HUNG once it failed
         self._on_failure = on_failure  # the guard's wake-up: breaker L2 acts at once
         self.in_flight = 0  # engine requests between submission and their last output
-        self._progress_at = time.monotonic()
+        self.progress_at = time.monotonic()
         self._steps_seen = ledger.steps_seen
         self._processes = engine_processes(engine)
-        self._pumps: dict[str, set[asyncio.Task]] = {}  # HTTP request id -> its pumps
+        self._live: dict[str, set[EngineRequest]] = {}  # HTTP request id -> its own
         # HTTP request id -> why its engine requests were cut short (until `outcome()`)
         self._outcomes: dict[str, Refusal | EngineFailure] = {}
         # vLLM's priority scheduling (tailguard's default): admission's priority (lane,
@@ -104,9 +114,9 @@ class ObservedEngine:
             return self.fault == ENGINE_HUNG
         steps, pending = self._ledger.steps_seen, self._unfinished()
         if steps != self._steps_seen or pending == 0:
-            self._steps_seen, self._progress_at = steps, now
+            self._steps_seen, self.progress_at = steps, now
             return False
-        stalled = now - self._progress_at
+        stalled = now - self.progress_at
         if self.hang_s <= 0 or stalled < self.hang_s:
             return False
         self.fault = ENGINE_HUNG
@@ -170,7 +180,7 @@ class ObservedEngine:
                 pass
         return [p for p in found.values() if alive(p)]
 
-    def _failed(self, rec: RequestRecord, exc: BaseException) -> None:
+    def request_failed(self, rec: RequestRecord, exc: BaseException) -> None:
         """An engine request ended in `exc`: if the engine itself failed, the request
         ends with the failure (not a generic 500)."""
         if self.fault is None and (is_engine_dead(exc) or self.errored):
@@ -187,9 +197,10 @@ class ObservedEngine:
 
     async def generate(self, prompt, sampling_params, request_id: str,
                        *args, **kwargs) -> AsyncIterator:
-        """The engine's outputs, through a pump task that reads them as the engine
-        makes them: the request's engine slot is given back when the engine is done
-        with it, however slowly (or never) the client reads its stream."""
+        """vLLM's `generate()`, admitted first, its outputs seen as the engine hands
+        them over (`EngineRequest`): the request's engine slot is given back when the
+        engine is done with it, however slowly (or never) the client reads its
+        stream."""
         rec = current_request.get()
         if rec is None:
             async for out in self._engine.generate(prompt, sampling_params, request_id,
@@ -206,94 +217,74 @@ class ObservedEngine:
             prompt, prompt_tokens = verdict.prompt, verdict.prompt_tokens
             if self.priority_lanes:
                 kwargs["priority"] = verdict.priority
-        # vLLM's own mailbox: deltas merge while the reader lags, so an unread
-        # stream holds one merged output, not one object per token.
-        mailbox = self._mailbox_type(getattr(sampling_params, "output_kind", None),
-                                     request_id)
-        pump = asyncio.create_task(self._pump(rec, (prompt, sampling_params, request_id,
-                                                    *args), kwargs, prompt_tokens, mailbox))
-        self._watch_pump(rec.request_id, pump)
-        finished = False
+        watch = self._track(rec, request_id, prompt_tokens, is_delta(sampling_params),
+                            kwargs.get("priority", 0))
+        outputs = self._engine.generate(prompt, sampling_params, request_id, *args,
+                                        **kwargs)
+        next_watch.set(watch)  # taken by the collector vLLM makes for it
         try:
-            while not finished:
-                try:
-                    out = await mailbox.get()
-                except _PumpEnded:
-                    break
-                finished = out.finished
+            async for out in outputs:
+                if watch.internal_id is None:  # no vLLM collector took it (a test's engine)
+                    watch.seen(out)
                 yield out
+        except Exception as exc:
+            if not watch.failed:  # a failure its collector was given is known already
+                self.request_failed(rec, exc)
+            raise
         finally:
-            if not finished:  # the reader left early: abort the engine request
-                pump.cancel()
-            await asyncio.wait([pump])  # its clean-up is done when we return
+            next_watch.set(None)
+            try:
+                await outputs.aclose()  # a reader gone early: vLLM aborts it here
+            finally:
+                watch.end()  # never submitted, or no last output came
 
-    def _watch_pump(self, owner: str, pump: asyncio.Task) -> None:
-        pumps = self._pumps.setdefault(owner, set())
-        pumps.add(pump)
-
-        def forget(done: asyncio.Task) -> None:
-            pumps.discard(done)
-            if not pumps and self._pumps.get(owner) is pumps:
-                del self._pumps[owner]
-
-        pump.add_done_callback(forget)
-
-    async def settle(self, owner: str, timeout_s: float = 5.0) -> None:
-        """End every engine request of HTTP request `owner` that still runs (its client
-        left) and wait for their clean-up, so its record is complete before it is
-        finished. vLLM closes a multi-prompt request's generators without waiting."""
-        pumps = self._pumps.pop(owner, set())
-        for pump in pumps:
-            pump.cancel()
-        if pumps:
-            await asyncio.wait(pumps, timeout=timeout_s)
-        self._outcomes.pop(owner, None)  # its answer is given: nobody is left to ask
-
-    async def _pump(self, rec: RequestRecord, call: tuple, kwargs: dict, prompt_tokens: int,
-                    mailbox) -> None:
-        """Drain one engine request into `mailbox`; on its end (finished, failed or
-        aborted) free its slot, untrack its steps and add its outcome to the record."""
-        request_id, admission = call[2], self._admission
-        prefill = PrefillEnd(admission, prompt_tokens, asyncio.get_running_loop(),
-                             kwargs.get("priority", 0))
+    def _track(self, rec: RequestRecord, request_id: str, prompt_tokens: int,
+               deltas: bool, priority: int) -> EngineRequest:
+        """Engine request `request_id` of `rec` is about to be submitted."""
+        admission = self._admission
+        prefill = PrefillEnd(admission, prompt_tokens, asyncio.get_running_loop(), priority)
         if admission is None:
             self._ledger.track(request_id, rec.tally, rec.request_id)
         else:
             self._ledger.track(request_id, rec.tally, rec.request_id,
                                prefill.from_any_thread, prefill.chunk_from_any_thread)
-        deltas = is_delta(call[1])
-        last, tokens = None, 0
         if self.in_flight == 0:
-            self._progress_at = time.monotonic()  # the watchdog's clock starts now
+            self.progress_at = time.monotonic()  # the watchdog's clock starts now
         self.in_flight += 1
-        try:
-            async for last in self._engine.generate(*call, **kwargs):
-                self._progress_at = time.monotonic()
-                new = sum(len(o.token_ids) for o in last.outputs)
-                if new and rec.first_token is None:
-                    rec.first_token = time.monotonic()
-                if new:
-                    prefill.ended()
-                tokens = tokens + new if deltas else new
-                mailbox.put(last)
-            if last is None or not last.finished:
-                mailbox.put(_PumpEnded())
-        except Exception as exc:
-            self._failed(rec, exc)
-            mailbox.put(exc)
-        finally:
-            self.in_flight -= 1
-            prefill.release(tokens)
-            self._ledger.untrack(request_id)  # drains: every step of this request is in
-            if last is not None:
-                absorb(rec, last, tokens, self._clock)
+        watch = EngineRequest(self, rec, request_id, prefill, deltas)
+        self._live.setdefault(rec.request_id, set()).add(watch)
+        return watch
+
+    def request_ended(self, watch: EngineRequest) -> None:
+        """An engine request ended (finished, aborted or failed): free its slot,
+        untrack its steps and add its outcome to the record."""
+        self.in_flight -= 1
+        watch.prefill.release(watch.tokens)
+        self._ledger.untrack(watch.request_id)  # drains: every step of it is in
+        if watch.last is not None:
+            absorb(watch.rec, watch.last, watch.tokens, self._clock)
+        owner = watch.rec.request_id
+        live = self._live.get(owner)
+        if live is not None:
+            live.discard(watch)
+            if not live:
+                del self._live[owner]
+
+    async def settle(self, owner: str, timeout_s: float = 5.0) -> None:
+        """End every engine request of HTTP request `owner` that still runs (its client
+        left) and wait for their clean-up, so its record is complete before it is
+        finished. vLLM closes a multi-prompt request's generators without waiting."""
+        live = [w for w in self._live.pop(owner, ()) if not w.done]
+        submitted = [w.internal_id for w in live if w.internal_id is not None]
+        if submitted:
+            with contextlib.suppress(Exception):  # a dead engine has failed them already
+                await self._engine.abort(submitted, internal=True)
+        waits = [w.ended() for w in live if not w.done]
+        if waits:
+            await asyncio.wait(waits, timeout=timeout_s)
+        self._outcomes.pop(owner, None)  # its answer is given: nobody is left to ask
 
 
 class NotAdmitted(Exception):
     """Raised into vLLM's call path when admission refuses an engine request: it ends
     vLLM's handling, and the HTTP layer answers with the refusal (`outcome()`)."""
-
-
-class _PumpEnded(Exception):
-    """The engine's output ended without a finished output (put as an exception, so it
-    replaces nothing the reader still needs: there is nothing after it)."""
