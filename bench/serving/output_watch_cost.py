@@ -47,7 +47,8 @@ class FakeAsyncLLM:
             for rid, state in list(self.live.items()):
                 queue, i = state
                 done = i == self.tokens - 1
-                out = CompletionOutput(0, "x", [7], None, None, "length" if done else None)
+                out = CompletionOutput(0, "x", [7], None, None,
+                                       finish_reason="length" if done else None)
                 queue.put(RequestOutput(rid, None, [1, 2], None, [out], done))
                 state[1] = i + 1
                 if done:
