@@ -247,7 +247,8 @@ def test_a_surge_is_refused_early_with_retry_after_and_never_trips_the_breaker(g
         assert request_row(guarded, streamed)["endpoint"] == "responses"
         assert vip.result().status_code == 200
         assert [f.result().status_code for f in flood] == [200] * FLOOD
-    assert state(guarded, "breaker_l1") == "inactive"
+    assert state(guarded, "breaker_l1") == "inactive", guarded.sql(
+        "SELECT * FROM policy_events WHERE policy = 'breaker_l1' ORDER BY ts DESC LIMIT 1")
     assert transitions(guarded, "breaker_l1")[events_before:] == []
     # drained: a feasible realtime request is admitted with its estimate on the row
     wait_for(lambda: policies(guarded)["limiter"]["in_flight"] == 0, timeout=60)
