@@ -129,3 +129,23 @@ def test_settle_aborts_what_still_runs_and_waits_for_its_end():
         assert engine.aborted == ["r1-int"]
 
     asyncio.run(run())
+
+
+def test_a_fault_in_following_an_output_never_reaches_vllms_output_handler(caplog):
+    """The watch runs inside vLLM's output handler, where an exception would fail every
+    request in flight: it is logged, and the output still reaches its reader."""
+    async def run():
+        engine = HandedEngine()
+        observed, rec, stream = _served(engine)
+
+        def broken(watch):
+            raise RuntimeError("bookkeeping bug")
+
+        observed.request_ended = broken
+        reading = asyncio.ensure_future(anext(stream))
+        await asyncio.sleep(0)
+        engine.hand("r1", [7], "length")  # vLLM's handler: must not raise
+        assert (await reading).finished
+
+    asyncio.run(run())
+    assert "its output could not be followed" in caplog.text

@@ -6,12 +6,15 @@ the record."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from contextvars import ContextVar
 from dataclasses import replace
 
 from observe.record import RequestRecord
 from observe.stats import EngineTimes, WallClock
+
+log = logging.getLogger("tailguard")
 
 
 def prompt_length(prompt) -> int:
@@ -130,6 +133,10 @@ def watched_collector(base: type) -> type:
         def put(self, output) -> None:
             super().put(output)
             if self.watch is not None:
-                self.watch.seen(output)
+                try:
+                    self.watch.seen(output)
+                except Exception:  # in vLLM's output handler: a raise would fail them all
+                    log.exception("engine request %s: its output could not be followed",
+                                  self.request_id)
 
     return WatchedCollector
