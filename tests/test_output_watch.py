@@ -58,19 +58,22 @@ def _output(rid: str, tokens: list[int], finish: str | None) -> RequestOutput:
     return RequestOutput(rid, None, [1, 2, 3], None, [out], finish is not None)
 
 
-def _served(engine: HandedEngine, rid: str = "r1"):
+async def _submitted(engine: HandedEngine, rid: str = "r1"):
+    """(observed engine, record, its stream, the reader's first read, pending): the
+    request is in the engine, its collector made."""
     observed = ObservedEngine(engine, NoStepLedger(), WallClock(), admission=None, hang_s=0)
     rec = RequestRecord(request_id=rid, arrival=time.monotonic(), endpoint="x")
     current_request.set(rec)
-    return observed, rec, observed.generate({"prompt_token_ids": [1, 2, 3]}, DELTA, rid)
+    stream = observed.generate({"prompt_token_ids": [1, 2, 3]}, DELTA, rid)
+    reading = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)
+    return observed, rec, stream, reading
 
 
 def test_the_last_output_handed_over_ends_the_request_before_anyone_reads_it():
     async def run():
         engine = HandedEngine()
-        observed, rec, stream = _served(engine)
-        reading = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)  # submitted: vLLM's collector exists
+        observed, rec, stream, reading = await _submitted(engine)
         engine.hand("r1", [7])
         first = await reading
         assert first.outputs[0].token_ids == [7] and rec.first_token is not None
@@ -89,9 +92,7 @@ def test_the_last_output_handed_over_ends_the_request_before_anyone_reads_it():
 def test_a_failure_handed_over_ends_the_request_and_names_the_engine():
     async def run():
         engine = HandedEngine()
-        observed, rec, stream = _served(engine)
-        reading = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)
+        observed, rec, stream, reading = await _submitted(engine)
         engine.queues["r1"].put(EngineDeadError())  # vLLM's propagate_error
         assert observed.in_flight == 0 and observed.fault == "engine_dead"
         with pytest.raises(EngineDeadError):
@@ -104,9 +105,7 @@ def test_a_failure_handed_over_ends_the_request_and_names_the_engine():
 def test_a_reader_gone_early_aborts_the_engine_request_and_frees_its_slot():
     async def run():
         engine = HandedEngine()
-        observed, rec, stream = _served(engine)
-        reading = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)
+        observed, rec, stream, reading = await _submitted(engine)
         engine.hand("r1", [7])
         await reading
         await stream.aclose()
@@ -119,9 +118,7 @@ def test_a_reader_gone_early_aborts_the_engine_request_and_frees_its_slot():
 def test_settle_aborts_what_still_runs_and_waits_for_its_end():
     async def run():
         engine = HandedEngine()
-        observed, rec, stream = _served(engine)
-        reading = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)
+        observed, rec, stream, reading = await _submitted(engine)
         await observed.settle("r1")  # its client left; vLLM did not close the stream
         assert engine.aborted == ["r1-int"] and observed.in_flight == 0
         assert (await reading).finished
@@ -136,14 +133,12 @@ def test_a_fault_in_following_an_output_never_reaches_vllms_output_handler(caplo
     request in flight: it is logged, and the output still reaches its reader."""
     async def run():
         engine = HandedEngine()
-        observed, rec, stream = _served(engine)
+        observed, rec, stream, reading = await _submitted(engine)
 
         def broken(watch):
             raise RuntimeError("bookkeeping bug")
 
         observed.request_ended = broken
-        reading = asyncio.ensure_future(anext(stream))
-        await asyncio.sleep(0)
         engine.hand("r1", [7], "length")  # vLLM's handler: must not raise
         assert (await reading).finished
 
