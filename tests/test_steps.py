@@ -155,6 +155,37 @@ def test_what_admission_reads_is_updated_as_a_step_is_drained_the_rest_later():
         led.close()
 
 
+@pytest.mark.parametrize("steps_s,hold_s", [
+    ([], 0.015),  # no step yet: the shortest hold
+    ([0.001], 0.015),  # fast steps: never under hold_s
+    ([0.040], 0.120),  # three step times
+    ([0.040, 0.090], pytest.approx(3 * (0.040 + 0.2 * 0.050))),  # a running average
+    ([0.400], 0.25),  # slow steps: at most max_hold_s
+])
+def test_the_threads_hold_follows_the_engines_step_time(steps_s, hold_s, ledger):
+    """Each wake-up of the thread takes the GIL from a busy loop, so it sleeps three
+    step times (a running average, weight 0.2 to the newest) between 15 ms and 250 ms:
+    fewer wake-ups when steps are slow, and ten steps can still never pile up in the
+    socket between two of them. An idle gap between steps does not stretch it."""
+    sender = StepSender(ledger.path)
+    for i, step_s in enumerate(steps_s):
+        _step(sender, 10.0 * i, step_s, 0.0, {"a-00000000": 1})
+    ledger.drain()
+    assert ledger.hold() == hold_s
+    assert ledger.describe()["hold_s"] == pytest.approx(hold_s, abs=1e-4)
+
+
+def test_publish_hands_every_step_received_to_the_consumers_at_once(ledger):
+    """`/admin/flush` reads right after a request: the steps its thread has not
+    published yet (up to a hold late) go to the consumers first, in order."""
+    sender = StepSender(ledger.path)
+    for i in range(3):
+        _step(sender, float(i), 0.010, 0.002, {"a-00000000": 1})
+    assert ledger.publish() == 3
+    assert [s.index for s in ledger.seen] == [1, 2, 3]
+    assert ledger.publish() == 0
+
+
 def _broken(step: StepRecord) -> None:
     raise RuntimeError("a broken consumer must not stop step accounting")
 

@@ -73,8 +73,13 @@ def create_admin_router(runtime) -> APIRouter:
 
     @router.post("/flush")
     async def flush():
-        """Write buffered trace rows now (tests and scripts that read right after)."""
-        await asyncio.to_thread(runtime.tracelog.flush)
+        """Write buffered trace rows now, the engine steps received so far with them
+        (tests and scripts that read right after)."""
+        def flush_all() -> None:
+            runtime.ledger.publish()
+            runtime.tracelog.flush()
+
+        await asyncio.to_thread(flush_all)
         return JSONResponse(runtime.tracelog.stats())
 
     return router

@@ -10,11 +10,15 @@ on the caller's thread is certain to see every step of that request.
 Who drains: the event loop, as it takes each batch of the engine's outputs (it wakes
 for them anyway, and the prompt hooks then fire before the outputs are read), and the
 ledger's thread, which sleeps on the socket while no step comes and, once steps come,
-wakes every `hold_s` to drain what the loop left and run the consumers. A thread woken
-by every datagram cost about 0.1 ms of CPU a step on this project's 2-vCPU machine, the
-larger part of the ledger's cost at light load (docs/benchmarks.md). The socket queues
-only 10 datagrams (Linux's `net.unix.max_dgram_qlen`): `hold_s` stays well under ten
-engine steps, and the loop's drain per output batch keeps the queue short.
+wakes once a hold to drain what the loop left and run the consumers. Each wake-up of
+the thread is a GIL hand-over from a busy event loop: 0.3 ms of CPU on this project's
+2-vCPU machine whatever the wake-up then does (`bench/server_cpu/ledger_cost.py`). So
+the hold follows the engine's pace: `HOLD_STEPS` step times (a running average of the
+steps' own durations, so an idle gap between steps does not stretch it), between
+`hold_s` and `max_hold_s`. The socket queues only 10 datagrams (Linux's
+`net.unix.max_dgram_qlen`): a hold of three step times leaves room for ten steps that
+no output batch drains (a long prompt's chunks), and the loop's drain per output batch
+keeps the queue short otherwise.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from observe.stats import SamplingTally, StepRecord
 
 log = logging.getLogger(__name__)
 INTERNAL_SUFFIX_LEN = 9  # vLLM makes internal ids as f"{external}-{uuid8}"
+HOLD_STEPS = 3.0  # a hold, in step times: well under the socket's 10 datagrams
+PACE_WEIGHT = 0.2  # of the newest step's time in the running average
 
 
 def external_id(internal: str) -> str:
@@ -71,7 +77,8 @@ class StepLedger:
 
     def __init__(self, consumers: list[Callable[[StepRecord], None]] | None = None,
                  poll_s: float = 1.0, hold_s: float = 0.015,
-                 at_once: list[Callable[[StepRecord], None]] | None = None):
+                 at_once: list[Callable[[StepRecord], None]] | None = None,
+                 max_hold_s: float = 0.25):
         self._dir = tempfile.mkdtemp(prefix="tailguard-steps-")
         self.path = os.path.join(self._dir, "steps.sock")
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -80,12 +87,14 @@ class StepLedger:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
         self._tallies: dict[str, _Tracked] = {}
         self._lock = threading.Lock()
+        self._publish_lock = threading.Lock()
         self._consumers = list(consumers or [])
         # Cheap consumers that admission reads (the step time, the last step's end):
         # run as each step is drained, on the loop before its outputs as often as not,
         # so the deadline check never judges with a step up to a hold old.
         self._at_once = list(at_once or [])
-        self._poll_s, self._hold_s = poll_s, hold_s
+        self._poll_s, self._hold_s, self._max_hold_s = poll_s, hold_s, max(hold_s, max_hold_s)
+        self._step_s: float | None = None  # running average of the steps' times
         self._closed = threading.Event()
         self.steps_seen = 0
         # Steps the probe numbered but we never got: dropped at a full socket (the
@@ -187,30 +196,48 @@ class StepLedger:
             if tracked is not None and tracked.on_prefilled is not None:
                 _call_hook(tracked.on_prefilled)
         self.steps_seen += 1
+        self._pace(forward_s + sampling_s)
         if index > self._last_index + 1 and self._last_index:
             self.steps_lost += index - self._last_index - 1
         self._last_index = index  # lower: a new engine process numbers from 1 again
         return StepRecord(index, start, forward_s, sampling_s, tokens, tuple(owners), pairs)
 
+    def _pace(self, step_s: float) -> None:
+        average = self._step_s
+        self._step_s = step_s if average is None else average + PACE_WEIGHT * (step_s - average)
+
+    def hold(self) -> float:
+        """How long the thread sleeps between drains while steps come."""
+        if self._step_s is None:
+            return self._hold_s
+        return min(self._max_hold_s, max(self._hold_s, HOLD_STEPS * self._step_s))
+
     def describe(self) -> dict:
         """What `/admin/policies` shows of the probe: steps received and lost, and how
         often the ledger's thread woke for them."""
         return {"steps_seen": self.steps_seen, "steps_lost": self.steps_lost,
-                "thread_wakeups": self.wakeups, "hold_s": self._hold_s}
+                "thread_wakeups": self.wakeups, "hold_s": round(self.hold(), 4)}
+
+    def publish(self) -> int:
+        """Every step received so far to its consumers now, on the caller's thread (a
+        reader that wants them all: `/admin/flush`, off the event loop)."""
+        self.drain()
+        return self._publish()
 
     def _publish(self) -> int:
         """Consumers (spans, engine stats) run on the ledger's thread, never on the
         event loop that may have drained the record; returns how many records."""
         count = 0
-        while self._unpublished:
-            _consume(self._consumers, self._unpublished.popleft())
-            count += 1
+        with self._publish_lock:  # one publisher at a time: steps reach them in order
+            while self._unpublished:
+                _consume(self._consumers, self._unpublished.popleft())
+                count += 1
         return count
 
     def _run(self) -> None:
         while not self._closed.is_set():
             if self._active:
-                self._closed.wait(self._hold_s)
+                self._closed.wait(self.hold())
             elif not self._sleep_on_socket():
                 return
             self.wakeups += 1
