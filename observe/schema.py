@@ -39,6 +39,8 @@ ARROW_TYPES: Final[dict[str, pa.DataType]] = {
 _TIMESTAMP: Final = ARROW_TYPES["TIMESTAMPTZ"]
 # How long the Arrow conversion holds the GIL before it hands it to the event loop.
 GIL_SLICE_S: Final = 0.002
+# One encoder for every JSON cell: `json.dumps(v, default=str)` builds a new one per call.
+_to_json: Final = json.JSONEncoder(default=str).encode
 
 log = logging.getLogger(__name__)
 
@@ -203,8 +205,7 @@ def _column_array(values: list, sql_type: str, arrow_type: pa.DataType) -> pa.Ar
     if sql_type == "TIMESTAMPTZ":
         return _timestamp_array(values)
     if sql_type == "JSON":  # serialized here, off the event loop
-        values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str)
-                  for v in values]
+        values = [v if v is None or isinstance(v, str) else _to_json(v) for v in values]
     return _safe_array(values, arrow_type)
 
 

@@ -29,6 +29,8 @@ from observe.schema import TABLES, TableSpec
 
 SPOOL_SUFFIX: Final = ".spool"
 _FRAME: Final = struct.Struct("<IQ")  # a frame's table-name length, its IPC stream's length
+# Given, so that each stream does not read its defaults from the environment again.
+_IPC_OPTIONS: Final = ipc.IpcWriteOptions()
 
 log = logging.getLogger("observe.tracelog")
 
@@ -141,7 +143,7 @@ def encode_frames(frames: Iterable[tuple[str, list[pa.RecordBatch]]]) -> pa.Buff
 
 
 def _stream(sink, batches: list[pa.RecordBatch]):
-    with ipc.new_stream(sink, batches[0].schema) as writer:
+    with ipc.new_stream(sink, batches[0].schema, options=_IPC_OPTIONS) as writer:
         for batch in batches:
             writer.write_batch(batch)
     return sink
