@@ -173,6 +173,48 @@ def test_a_candidate_that_beats_the_live_model_goes_live(tmp_path):
     assert details["accepted"] is True and details["trigger"] == "periodic"
 
 
+class _TrueModel:
+    """Predicts `_requests`' own latency rule: p50 the rule, p90 the rule times its
+    noise's 90th percentile (exp(1.2816 x 0.05)), so within the goals on its traffic."""
+    version = "true-rule"
+
+    def predict_many(self, X):
+        import numpy as np
+
+        prompt, pending = X[:, 0], X[:, 6]  # FEATURES: prompt_tokens, pending_requests
+        ttft, tpot = 0.02 + 1e-4 * prompt + 0.01 * pending, 0.002 + 1e-6 * prompt + 5e-4 * pending
+        p90 = math.exp(1.2816 * 0.05)
+        return np.stack([ttft, ttft * p90, tpot, tpot * p90], axis=1)
+
+
+def test_a_scheduled_retrain_keeps_a_model_within_the_goals_without_fitting(tmp_path,
+                                                                           monkeypatch):
+    """A fit costs seconds of a core beside the engine: on the schedule, a live model
+    whose p50 is within 10% and p90 covers 85-95% of the newest requests is kept and
+    nothing is trained (the decision audited all the same); asked for (admin, drift),
+    a candidate is fitted and judged as ever."""
+    fits = []
+    real_train = prediction.train
+    monkeypatch.setattr(prediction, "train", lambda data: fits.append(data)
+                        or real_train(data))
+    with TraceLog(tmp_path / "t.duckdb") as log:
+        _requests(log, 600, start=_hour_ago())
+        service = PredictionService(log, None)
+        service.model = live = _TrueModel()
+        kept = service.retrain()
+        assert fits == [] and service.model is live
+        asked = service.retrain(trigger="admin")
+        decisions = _decisions(log)
+    assert (kept["trained"], kept["accepted"], kept["version"]) == (False, False, live.version)
+    assert kept["reason"].startswith("kept, not trained: TTFT p50 median APE "), kept
+    assert kept["reason"].endswith("on the newest 120 requests, within the goals")
+    assert kept["live"]["ttft_p50_median_ape"] <= 0.10
+    assert 0.85 <= kept["live"]["ttft_p90_coverage"] <= 0.95
+    assert kept["candidate"] == {} and len(fits) == 1 and asked["trained"] is True
+    assert [(was, reason) for was, _, reason, _ in decisions] == [
+        (live.version, kept["reason"]), (live.version, asked["reason"])]
+
+
 def test_the_held_out_requests_are_never_trained_on(tmp_path, monkeypatch):
     trained_on = []
     real_train = prediction.train

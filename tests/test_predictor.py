@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from slo import model_files
-from slo.predict.accuracy import MIN_HOLDOUT, Accuracy, accuracy, improvement, judge, scores
+from slo.predict.accuracy import (MIN_HOLDOUT, Accuracy, accuracy, improvement, judge, scores,
+                                  within_goals)
 from slo.predict.features import FEATURES, TrainingSet, training_sql
 from slo.predict.forest import compile_forest
 from slo.predict.model import (
@@ -304,6 +305,29 @@ def test_the_gate_needs_enough_held_out_requests():
     assert not verdict.accepted
     assert verdict.reason == (f"refused: {MIN_HOLDOUT - 1} held-out requests, "
                               f"{MIN_HOLDOUT} needed to judge")
+
+
+WITHIN_GOALS_CASES = [
+    # id, live (TTFT, TPOT), requests, kept?
+    ("both within", ((0.10, 0.85), (0.05, 0.95)), 100, True),
+    ("TTFT p50 off by more than 10%", ((0.101, 0.90), (0.05, 0.90)), 100, False),
+    ("TPOT coverage under 85%", ((0.05, 0.90), (0.05, 0.849)), 100, False),
+    ("coverage over 95% is off too", ((0.05, 0.951), (0.05, 0.90)), 100, False),
+    ("a NaN is never within", ((nan, 0.90), (0.05, 0.90)), 100, False),
+    ("no TPOT to judge: TTFT alone", ((0.05, 0.90), None), 100, True),
+    ("too few held out to say", ((0.05, 0.90), (0.05, 0.90)), MIN_HOLDOUT - 1, False),
+]
+
+
+@pytest.mark.parametrize("case, live, requests, kept", WITHIN_GOALS_CASES,
+                         ids=[c[0] for c in WITHIN_GOALS_CASES])
+def test_a_live_model_within_the_goals_needs_no_scheduled_fit(case, live, requests, kept):
+    reason = within_goals(_scored("live", *live, requests=requests))
+    assert (reason is not None) == kept
+    if case == "both within":
+        assert reason == ("kept, not trained: TTFT p50 median APE 10.0%, p90 coverage "
+                          "85.0%, TPOT p50 median APE 5.0%, p90 coverage 95.0% on the "
+                          "newest 100 requests, within the goals")
 
 
 def test_scores_are_json_ready():

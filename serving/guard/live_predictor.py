@@ -5,7 +5,10 @@ It starts with the saved model beside the trace DB if there is one, else the see
 formula. A retrain trains a candidate on all but the newest 20% of the window and
 replaces the live model, in one assignment, only if the candidate beats it on that
 newest 20% (`slo.predict.accuracy.judge`); either way the decision is returned, kept for
-`describe()` and audited as a `policy_events` row. A retrain comes early when the live
+`describe()` and audited as a `policy_events` row. A scheduled retrain whose live model
+already meets the prediction goals on that newest 20% keeps it without fitting a
+candidate (`slo.predict.accuracy.within_goals`: a fit costs seconds of a core beside
+the engine, and could only edge it). A retrain comes early when the live
 model drifts (`slo.predict.drift`: its TTFT p90 coverage falls under 80%). A request is
 predicted by one model or the other, never half of each.
 """
@@ -22,7 +25,8 @@ from pathlib import Path
 from observe import registry as R
 from observe.record import AdmissionLoad, LatencyPrediction, RequestRecord
 from serving.guard.periodic import Periodic
-from slo.predict.accuracy import GATE_EVENT, HOLDOUT_SHARE, accuracy, judge
+from slo.predict.accuracy import (GATE_EVENT, HOLDOUT_SHARE, Verdict, accuracy, judge,
+                                  scores, within_goals)
 from slo.predict.calibration import QueueCalibration
 from slo.predict.drift import DriftWatch
 from slo.predict.features import TrainingSet, feature_vector, training_sql
@@ -116,25 +120,27 @@ class PredictionService:
             return {"trained": False, "error": self.last_error}
 
     def _decide(self, fit: TrainingSet, holdout: TrainingSet, trigger: str) -> dict:
-        from threadpoolctl import threadpool_limits
-
         started, live = time.monotonic(), self.model
-        with threadpool_limits(1):  # leave the other cores to serving
-            candidate = train(fit)
-        verdict = judge(accuracy(candidate, holdout), accuracy(live, holdout))
+        live_accuracy = accuracy(live, holdout)
+        kept = within_goals(live_accuracy) if trigger == "periodic" else None
+        if kept is not None:  # the schedule's fit would buy nothing: spare its CPU
+            candidate, verdict = None, Verdict(False, kept, {}, scores(live_accuracy))
+        else:
+            candidate = _fit(fit)
+            verdict = judge(accuracy(candidate, holdout), live_accuracy)
         if verdict.accepted:
             if self.model_path:
                 candidate.save(self.model_path)
             self.model = candidate
         self.last_error = None
         self.last_decision = {
-            "trained": True, "accepted": verdict.accepted, "reason": verdict.reason,
-            "trigger": trigger, "decided_at": time.time(), "version": self.model.version,
-            "training_rows": len(fit), "holdout_rows": len(holdout),
-            "holdout_window": list(holdout.window),
+            "trained": candidate is not None, "accepted": verdict.accepted,
+            "reason": verdict.reason, "trigger": trigger, "decided_at": time.time(),
+            "version": self.model.version, "training_rows": len(fit),
+            "holdout_rows": len(holdout), "holdout_window": list(holdout.window),
             "candidate": verdict.candidate, "live": verdict.live}
         self._audit(live.version, self.last_decision)
-        log.info("latency model %s %s in %.1f s", candidate.version, verdict.reason,
+        log.info("latency model %s %s in %.1f s", (candidate or live).version, verdict.reason,
                  time.monotonic() - started)
         return {**self.last_decision, **(self.describe_model() if verdict.accepted else {})}
 
@@ -168,3 +174,10 @@ class PredictionService:
     def stop(self) -> None:
         if self._periodic is not None:
             self._periodic.stop()
+
+
+def _fit(data: TrainingSet):
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):  # leave the other cores to serving
+        return train(data)

@@ -70,7 +70,7 @@ def retrain_decision(src) -> None:
     when = pd.Timestamp(row["ts"]).tz_convert("UTC")
     ago = max(0.0, time.time() - when.timestamp())
     verdict, _, why = str(row["reason"]).partition(": ")
-    colour = "green" if verdict == "accepted" else "orange"
+    colour = {"accepted": "green", "kept, not trained": "blue"}.get(verdict, "orange")
     st.markdown(f"**Last latency retrain** ({when:%Y-%m-%d %H:%M:%S} UTC, {ago / 60:.0f} min "
                 f"ago, {row['trigger']}): :{colour}[{verdict}]: {why}")
 
