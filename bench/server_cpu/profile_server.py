@@ -41,6 +41,8 @@ def main() -> None:
                          "vs_vllm's light load, or no request at all")
     ap.add_argument("--engine-arg", action="append", default=[])
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--threads", action="store_true",
+                    help="record each thread apart (py-spy --threads) and print their shares")
     args = ap.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     port = _free_port()
@@ -61,7 +63,8 @@ def main() -> None:
             time.sleep(5)  # the loop is full, or the start-up is over
             subprocess.run([py_spy, "record", "--pid", str(server.pid), "--duration",
                             str(args.duration), "--rate", "200", "--format", "raw",
-                            "--output", str(args.out), "--nonblocking"], check=True,
+                            "--output", str(args.out), "--nonblocking",
+                            *(["--threads"] if args.threads else [])], check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         finally:
             server.terminate()
@@ -70,6 +73,21 @@ def main() -> None:
     sys.stdout = sys.__stdout__
     sys.argv = ["profile_top", str(args.out), "--top", str(args.top)]
     profile_top.main()
+    if args.threads:
+        thread_shares(args.out)
+
+
+def thread_shares(raw: Path) -> None:
+    """Samples per thread (the first frame of each py-spy `--threads` stack)."""
+    counts: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        thread = stack.split(";", 1)[0]
+        counts[thread] = counts.get(thread, 0) + int(n)
+    total = sum(counts.values()) or 1
+    print("\n| share of samples | thread |\n|---:|---|")
+    for thread, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        print(f"| {100 * n / total:.1f}% | {thread} |")
 
 
 def _drive(url: str, pid: int, work: C.Workload) -> None:
