@@ -78,16 +78,12 @@ def main() -> None:
 
 
 def thread_shares(raw: Path) -> None:
-    """Samples per thread (the first frame of each py-spy `--threads` stack)."""
-    counts: dict[str, int] = {}
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        thread = stack.split(";", 1)[0]
-        counts[thread] = counts.get(thread, 0) + int(n)
-    total = sum(counts.values()) or 1
+    """Samples per thread: the thread frames py-spy `--threads` puts first in a stack."""
+    inclusive, _, total = profile_top.parse(raw)
     print("\n| share of samples | thread |\n|---:|---|")
-    for thread, n in sorted(counts.items(), key=lambda kv: -kv[1]):
-        print(f"| {100 * n / total:.1f}% | {thread} |")
+    for thread, n in inclusive.most_common():
+        if thread.startswith("thread ("):
+            print(f"| {100 * n / max(total, 1):.1f}% | {thread} |")
 
 
 def _drive(url: str, pid: int, work: C.Workload) -> None:
