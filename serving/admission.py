@@ -57,6 +57,7 @@ class Admission:
         self.vips = VipStream()  # VIP prompts admitted lately: work ahead still to come
         self.ahead = WorkAheadView(load, limiter, self.engine_model)
         limiter.kv_free = self.kv_free_tokens  # the VIP reserve's reading
+        limiter.holds_back = self.holds_back
         self.epoch = time.monotonic()  # engine priorities count deadlines from here
 
     def kv_free_tokens(self, usage: float | None = None) -> int:
@@ -139,6 +140,15 @@ class Admission:
         return self.ahead.work_ahead(lane, load, now, deadline, rank, priority,
                                      self.decisions.vip_kv_reserve)
 
+    def holds_back(self, lane: str, tokens: int, deadline: float) -> bool:
+        """Whether a request of `lane` with a prompt of `tokens`, due at `deadline`,
+        must wait in front: it would make a prompt in the engine, due before it, late
+        (`slo.policy.promises`; while the deadline check keeps promises; never a VIP)."""
+        if lane == LANE_VIP or not self.decisions.keep_promises:
+            return False
+        return self.ahead.holds_back(tokens, engine_priority(lane, deadline, self.epoch),
+                                     deadline, self.epoch, time.monotonic())
+
     def entered(self, prefill: PrefillEnd) -> None:
         self.load.in_engine.add(prefill)
 
@@ -157,6 +167,8 @@ class Admission:
                     else engine_priority(lane, deadline, self.epoch))
         base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d),
                                priority)
+        if self.holds_back(lane, prompt_tokens, deadline):  # it waits for those ahead
+            base = replace(base, shares_steps=False)
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
         if d.hold_retries and lane != LANE_VIP \
                 and not self.retries.claim(rec.client, prompt_tokens, now):

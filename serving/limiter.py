@@ -80,6 +80,9 @@ class Limiter:
         # engine's cache has free now (set by the server from the engine's statistics)
         self._kv_reserve: int | None = None
         self.kv_free: Callable[[], int] = lambda: 1 << 62
+        # Whether a prompt of a lane, so many tokens, due then, entering now would make
+        # one the engine holds late (set by admission: `slo.policy.promises`)
+        self.holds_back: Callable[[str, int, float], bool] = lambda lane, tokens, due: False
         self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
         self._waiting = 0
         self._seq = itertools.count()
@@ -161,14 +164,14 @@ class Limiter:
         """Enter the engine with `tokens` of prompt, waiting at most `timeout_s` (and
         never past `max_wait_s`); `rank`, then `deadline` order the lane (default: rank
         0, now, i.e. first come first served)."""
-        if enters_at_once(lane) or (not self._waiting and self._fits(tokens)):
+        due = time.monotonic() if deadline is None else deadline
+        if enters_at_once(lane) or (not self._waiting and self._fits(tokens, lane, due)):
             self._enter(tokens)
             return
         if self.max_queue and self._waiting >= self.max_queue:
             raise LimiterFull(f"{self._waiting} requests wait for the engine already; at "
                               f"most {self.max_queue} may")
         wait = self.max_wait_s if timeout_s is None else min(timeout_s, self.max_wait_s)
-        due = time.monotonic() if deadline is None else deadline
         waiter = _Waiter(rank, due, next(self._seq), tokens,
                          asyncio.get_running_loop().create_future())
         heapq.heappush(self._lanes[lane], waiter)
@@ -207,12 +210,12 @@ class Limiter:
         self._forget_releases(now)
         self._wake()
 
-    def _fits(self, tokens: int) -> bool:
+    def _fits(self, tokens: int, lane: str, due: float) -> bool:
         return self.in_flight < self._limit and gate_fits(
             self.engine_prefill_tokens, tokens, self._gate, self.engine_prefill_prompts,
             self.prefill_chunk_cap) and kv_fits(
             self.kv_free() if self._kv_reserve else 0, self.engine_prefill_tokens, tokens,
-            self._kv_reserve, self.in_flight)
+            self._kv_reserve, self.in_flight) and not self.holds_back(lane, tokens, due)
 
     def _enter(self, tokens: int) -> None:
         self.in_flight += 1
@@ -261,7 +264,7 @@ class Limiter:
             heap = self._lanes[lane]
             while heap:
                 head = heap[0]
-                if not self._fits(head.tokens):  # no VIP waits: `acquire` lets them in
+                if not self._fits(head.tokens, lane, head.deadline):  # no VIP waits here
                     return
                 heapq.heappop(heap)
                 self._waiting -= 1

@@ -181,6 +181,33 @@ def test_the_vip_reserve_lets_anything_into_an_empty_engine_and_off_means_off():
     assert asyncio.run(scenario()) == ([], ["rt"], None)
 
 
+def test_a_request_held_back_for_an_earlier_promise_enters_when_a_chunk_frees_it():
+    """The promise keeper (admission's `holds_back`) is asked with the lane, prompt
+    tokens and deadline of whoever would enter; a VIP is never asked; each chunk
+    prefilled asks again, and those behind a held one wait for it."""
+    async def scenario():
+        limiter = Limiter(16)
+        asked: list[tuple[str, int, float]] = []
+        holding = [True]
+
+        def holds_back(lane, tokens, due):
+            asked.append((lane, tokens, due))
+            return holding[0] and tokens > 100
+        limiter.holds_back = holds_back
+        order: list[str] = []
+        tasks = await _queue(limiter, [("doc", BATCH, 3000, 9.0), ("vip", LANE_VIP, 500, 5.0),
+                                       ("short", BATCH, 50, 10.0)], order)
+        held = list(order)
+        holding[0] = False
+        limiter.prefilled(256)  # a chunk of the earlier prompt: ask again
+        await _settle()
+        await asyncio.gather(*tasks)
+        return held, order, asked
+    held, order, asked = asyncio.run(scenario())
+    assert held == ["vip"] and order == ["vip", "doc", "short"]
+    assert asked[0] == (BATCH, 3000, 9.0) and all(lane != LANE_VIP for lane, _, _ in asked)
+
+
 def test_a_waiter_that_gives_up_frees_those_held_behind_it():
     async def scenario():
         limiter = Limiter(16, prefill_gate=1000)

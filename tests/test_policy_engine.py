@@ -499,7 +499,7 @@ def test_initial_limit(limit, expected):
 def _on(limit: int, **kw) -> Decisions:
     """Decisions with the deadline check in force (it is unless forced off)."""
     return Decisions(limit, **{"deadline_margin": 1.0, "deadline_truncate_tokens": 4096,
-                               "prefill_gate_steps": 1.0, **kw})
+                               "prefill_gate_steps": 1.0, "keep_promises": True, **kw})
 
 
 @pytest.mark.parametrize("states,batch_limit,expected", [
@@ -562,16 +562,19 @@ def test_active_names_what_is_in_force(states, active):
     (P.PolicyConfig(deadline_margin=0.6), {P.PREDICTED_MISS: ACTIVE},
      _on(64, refusing_late=True, deadline_margin=0.6)),
     (P.PolicyConfig(deadline_check=False), {},
-     _on(64, deadline_margin=None, prefill_gate_steps=None, vip_kv_reserve=None)),
+     _on(64, deadline_margin=None, prefill_gate_steps=None, vip_kv_reserve=None,
+         keep_promises=False)),
+    (P.PolicyConfig(keep_promises=False), {}, _on(64, keep_promises=False)),
     (P.PolicyConfig(vip_kv_reserve_tokens=0), {}, _on(64, vip_kv_reserve=None)),
     (P.PolicyConfig(vip_kv_reserve_tokens=300), {}, _on(64, vip_kv_reserve=300)),
     (P.PolicyConfig(vip_kv_reserve_tokens=300, deadline_check=False), {},
-     _on(64, deadline_margin=None, prefill_gate_steps=None)),
+     _on(64, deadline_margin=None, prefill_gate_steps=None, keep_promises=False)),
     (P.PolicyConfig(prefill_gate_steps=2.5), {}, _on(64, prefill_gate_steps=2.5)),
     (P.PolicyConfig(prefill_gate_steps=0), {}, _on(64, prefill_gate_steps=None)),
     (P.PolicyConfig(hold_retries=True), {}, _on(64, hold_retries=True)),
     (P.PolicyConfig(hold_retries=True, deadline_check=False), {},
-     _on(64, deadline_margin=None, prefill_gate_steps=None, vip_kv_reserve=None))])
+     _on(64, deadline_margin=None, prefill_gate_steps=None, vip_kv_reserve=None,
+         keep_promises=False))])
 def test_decide_follows_the_config(config, states, expected):
     assert decide(states, 64, config) == expected
 
@@ -580,8 +583,8 @@ def test_forcing_the_deadline_policy_off_opens_the_prefill_gate_too():
     """The gate orders what the deadline check admits: off together (today's plain
     first-come engine queue), as the surge benchmark's policies-off side runs."""
     off = decide({}, 64, CONFIG, forced_off=frozenset({P.PREDICTED_MISS}))
-    assert (off.deadline_margin, off.prefill_gate_steps, off.vip_kv_reserve) == (
-        None, None, None)
+    assert (off.deadline_margin, off.prefill_gate_steps, off.vip_kv_reserve,
+            off.keep_promises) == (None, None, None, False)
 
 
 @pytest.mark.parametrize("retry_after_s,expected", [

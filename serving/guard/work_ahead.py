@@ -12,7 +12,8 @@ from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.limiter import Limiter
 from slo.policy import feasibility as F
-from slo.sim.lanes import kv_reserved_from
+from slo.policy import promises
+from slo.sim.lanes import deadline_of_priority, kv_reserved_from
 
 # Prompts sent to an idle engine within this of the first share the step it starts
 # (vLLM's engine core takes what has come in before it schedules).
@@ -60,6 +61,25 @@ class WorkAheadView:
             max(0, self.limiter.engine_prefill_prompts - passed_prompts) + ahead_prompts,
             kv_free, self.limiter.kv_free_rate(now), self.load.preemptable_by(priority),
             self.load.kv_use_rate)
+
+    def holds_back(self, tokens: int, priority: int, deadline: float, epoch: float,
+                   now: float) -> bool:
+        """Whether a prompt of `tokens` with engine `priority`, due at monotonic
+        `deadline`, entering the engine now would make a prompt there that is due
+        before it miss its deadline (`slo.policy.promises`; engine priorities count
+        deadlines from `epoch`)."""
+        held = [p for p in self.load.in_engine if p.pending and p.left > 0]
+        if not any(p.priority < priority for p in held):
+            return False
+        prompts = [promises.Prompt(p.left, p.computed, p.priority, not p.waiting,
+                                   deadline_of_priority(p.priority, epoch) - now)
+                   for p in held]
+        decodes = sum(1 for p in self.load.in_engine if not p.pending)
+        since = self.engine_model.since_last_step_s(now)
+        remaining = 0.0 if since is None else max(0.0, self.load.recent_step_s - since)
+        return promises.holds_back(self.engine_model.model, decodes, prompts,
+                                   promises.Prompt(tokens, 0, priority, False, deadline - now),
+                                   remaining)
 
     def _step_in_progress(self, now: float, running: int, in_engine: int,
                           in_engine_pairs: int) -> tuple[F.StepInProgress, float | None, int]:

@@ -90,6 +90,10 @@ class PolicyConfig:
     # token budget (`serving.limiter`: the rest wait in front, in lane and deadline
     # order, instead of in vLLM's arrival order); 0: no prefill gate
     prefill_gate_steps: float = 1.0
+    # With the deadline check on, a request other than a VIP waits in front of the
+    # engine while its prompt would make one already there, due before it, miss a
+    # deadline it would meet without it (`slo.policy.promises`)
+    keep_promises: bool = True
     # With the deadline check on, requests other than VIPs enter the engine only while
     # its KV cache keeps this many tokens free beyond their prompts (`serving.limiter`),
     # so a VIP arriving into a busy engine finds room at once; 0 (the default): no
@@ -123,7 +127,7 @@ class PolicyConfig:
     backoff_s: float = 5.0
 
     def __post_init__(self) -> None:
-        for flag in ("deadline_check", "hold_retries", "length_class_order"):
+        for flag in ("deadline_check", "hold_retries", "length_class_order", "keep_promises"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be true or false")
         for f in fields(self):

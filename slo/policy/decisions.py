@@ -24,6 +24,8 @@ class Decisions:
     deadline_truncate_tokens: int | None = None  # it may truncate to this to fit
     # The prefill gate in engine steps' token budget (`serving.limiter`); None: off
     prefill_gate_steps: float | None = None
+    # Later prompts wait in front while they would make an earlier one late (`promises`)
+    keep_promises: bool = False
     # KV-cache tokens kept free for VIPs (`serving.limiter`); None: off
     vip_kv_reserve: int | None = None
     hold_retries: bool = False  # booked retries count as work ahead (`retry_book`)
@@ -87,6 +89,7 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
         deadline_margin=config.deadline_margin if deadline_on else None,
         prefill_gate_steps=(config.prefill_gate_steps
                             if deadline_on and config.prefill_gate_steps > 0 else None),
+        keep_promises=deadline_on and config.keep_promises,
         vip_kv_reserve=(config.vip_kv_reserve_tokens
                         if deadline_on and config.vip_kv_reserve_tokens > 0 else None),
         hold_retries=deadline_on and config.hold_retries,

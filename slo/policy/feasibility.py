@@ -68,6 +68,9 @@ class WorkAhead:
     # the KV tokens the running requests take a second (decodes and chunks)
     kv_preemptable: int = 0
     kv_use_rate: float = 0.0
+    # False: it waits in front until the prompts ahead have their first tokens
+    # (`slo.policy.promises`), so under a chunk cap it does not advance beside them
+    shares_steps: bool = True
 
     def with_prefill(self, tokens: int, pairs: int) -> WorkAhead:
         """The same, with `tokens` more prompt tokens (holding `pairs` attention pairs)
@@ -183,11 +186,12 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
     `long_prefill_token_threshold`, applied while another request is in the engine)
     every prompt gets at most `cap` tokens a step: its own advances from the first step
     beside those ahead, which take what their caps allow of each step meanwhile,
-    as long as the step's budget holds them all; if it cannot, arrival order again."""
+    as long as the step's budget holds them all; if it cannot, or it waits in front
+    for them (`shares_steps` false), arrival order again."""
     cap = model.chunk_cap(ahead.running + ahead.prompts + 1)
     own_pairs, room = attention_pairs(0, prompt_tokens), model.token_budget - ahead.running
     beside = min(ahead.prompts * cap, ahead.prefill_tokens)  # ahead's tokens a step
-    if not cap or beside + min(cap, prompt_tokens) > room:
+    if not cap or not ahead.shares_steps or beside + min(cap, prompt_tokens) > room:
         return prefill_s(model, ahead.prefill_tokens + prompt_tokens, ahead.running,
                          ahead.prefill_pairs + own_pairs)
     if prompt_tokens <= 0:

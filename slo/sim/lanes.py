@@ -46,6 +46,11 @@ def engine_priority(lane: str, deadline_s: float, epoch_s: float) -> int:
     return LANES.index(lane) * LANE_PRIORITY_STEP + due_ms
 
 
+def deadline_of_priority(priority: int, epoch_s: float) -> float:
+    """The deadline (monotonic seconds) an `engine_priority` was made from."""
+    return epoch_s + (priority % LANE_PRIORITY_STEP) / 1000
+
+
 def enters_at_once(lane: str) -> bool:
     """VIPs are never held in front: they enter the engine at once, past the slot limit
     and the prefill gate. Held there, a short VIP prompt waited for the documents
