@@ -104,7 +104,7 @@ class Admission:
         if rec.load is None:
             rec.load = load
             check = self._deadline_check(rec, lane, load, prompt_tokens, target, d)
-            if check is not None and check.action == F.REFUSE:
+            if check is not None and check.action in (F.REFUSE, F.DEFER):
                 self.load.release(prompt_tokens)
                 rec.prompt_tokens = prompt_tokens  # its row says what was refused
                 return self._refuse(rec, check)
@@ -180,13 +180,14 @@ class Admission:
             ahead = self.vips.ahead_of(ahead, deadline - now, now)
         check = F.judge(model, prompt_tokens, ahead,
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
-                        margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown)
+                        margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown,
+                        overloaded=d.refusing_late)
         rec.ttft_estimate_s = now - rec.arrival + check.ttft_s / d.slowdown
         if d.deadline_margin is None and check.action != F.ADMIT:
             check = F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
         served = check.truncate_to if check.action == F.TRUNCATE else prompt_tokens
         rec.ttft_expected_s = now - rec.arrival + F.first_token_s(model, served, expected)
-        if check.action == F.REFUSE:
+        if check.action in (F.REFUSE, F.DEFER):
             return replace(check, retry_after_s=self.retries.book(
                 rec.client, prompt_tokens, now,
                 F.drain_s(model, base, prompt_tokens) * d.slowdown,
@@ -194,6 +195,12 @@ class Admission:
         return check
 
     def _refuse(self, rec: RequestRecord, check: F.Feasibility) -> Refusal:
+        if check.action == F.DEFER:  # not counted: the policy reads on-time-able refusals
+            rec.policy_actions.append("refuse:unattainable")
+            return Refusal("deadline", f"this engine cannot meet the {check.left_s + 0.0:.2f} "
+                           f"s first-token target even idle, and it is refusing requests "
+                           f"now; retry after {check.retry_after_s} s to be served best "
+                           f"effort", check.retry_after_s, status=429)
         self.refused_deadline += 1
         rec.policy_actions.append("refuse:deadline")
         return Refusal("deadline", f"cannot meet the {check.left_s + 0.0:.2f} s left to this "

@@ -607,3 +607,21 @@ def test_a_deadline_no_engine_could_meet_is_served_best_effort_in_the_batch_lane
     assert not isinstance(verdict, Refusal)
     assert rec.priority == R.PRIORITY_BATCH and rec.policy_actions == actions
     assert adm.refused_deadline == 0
+
+
+def test_while_the_check_refuses_others_a_deadline_no_engine_could_meet_is_deferred():
+    """The same request while the check has been refusing requests that could be on
+    time (the predicted-miss policy active): refused at once with 429 and the drain time,
+    to be served best effort once the surge drains; not counted as a deadline refusal
+    (the policy reads those, and deferring must not keep it on). A VIP still enters."""
+    adm = _admission(Decisions(8, refusing_late=True, **DEADLINE), target_s=0.001)
+    rec = _record()
+    rec.arrival = time.monotonic()
+    verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
+    err = from_refusal(verdict)
+    assert err.status == 429 and err.headers == {"Retry-After": "1"}
+    assert rec.policy_actions == ["refuse:unattainable"] and rec.prompt_tokens == 10
+    assert adm.refused_deadline == 0 and adm.load.pending == (0, 0)
+    vip = _record(vip=True)
+    vip.arrival = time.monotonic()
+    assert not isinstance(asyncio.run(adm.admit(vip, _prompt(10), 10, 4)), Refusal)

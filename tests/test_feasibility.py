@@ -83,6 +83,21 @@ def test_first_token_estimate(prompt, work, expected_s):
     (500, ahead(tokens=500), 0.2, {"margin": 0.5}, F.REFUSE, 0.13, None, 1),
     # past its deadline already (negative time left): no wait helps -> best effort
     (1, ahead(), -0.5, {}, F.BEST_EFFORT, 0.02 + 0.0101, None, None),
+    # late even idle while the check is refusing others (overloaded): deferred with the
+    # drain time of what is ahead (5000 tokens: 5 full steps, 0.55 s -> 1 s; nothing
+    # ahead -> 1 s at least), served best effort when it comes back
+    (3000, ahead(tokens=5000), 0.3, {"overloaded": True}, F.DEFER, 0.02 + 8 * 0.11, None, 1),
+    (3000, ahead(tokens=25_000), 0.3, {"overloaded": True}, F.DEFER,
+     0.02 + 28 * 0.11, None, 3),
+    (500, ahead(), 0.079, {"overloaded": True}, F.DEFER, 0.08, None, 1),
+    # ... a truncation that fits still comes first, and a VIP is never deferred
+    (3000, ahead(), 0.3, {"overloaded": True, "truncate_to": 1000}, F.TRUNCATE, 0.13, 1000,
+     None),
+    (3000, ahead(tokens=5000), 0.3, {"overloaded": True, "vip": True}, F.ADMIT,
+     0.02 + 8 * 0.11, None, None),
+    # feasible, or late only for the queue: overloaded changes nothing
+    (500, ahead(), 0.081, {"overloaded": True}, F.ADMIT, 0.08, None, None),
+    (500, ahead(tokens=2500), 0.2, {"overloaded": True}, F.REFUSE, 0.35, None, 1),
     # late only because of the queue, fine alone -> refused, to come back when drained:
     # 2000 tokens beside 10 decodes = two full steps of 990 + a step of 20 (and 10)
     (500, ahead(tokens=1500, running=10), 0.2, {}, F.REFUSE,

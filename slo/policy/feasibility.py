@@ -23,9 +23,15 @@ The rule, in order:
    a VIP request is never refused for load);
 4. late even on an idle, healthy engine (its target is below what this engine can
    do for its length) -> best effort: served in the batch lane, since no wait would
-   make it on time and refusing it would only mean never serving it; late only
-   because the engine is sick (the slowdown) is not this case: sickness passes, so
-   such a request is refused with a Retry-After like one late for the queue;
+   make it on time; but while the check is refusing requests that could be on time
+   (`overloaded`: the engine has no room to spare) it is deferred: refused with 429
+   and the drain time as Retry-After, to be served best effort once the surge has
+   drained. Served during the surge, such prompts (long ones: a 2-3k-token prompt is
+   0.5-1 s of this CPU's engine) take a chunk of every step for a second or more
+   and make the requests beside them late: replayed on a 5x design surge, deferring
+   them gave 1.44x the goodput with fewer requests refused in all (docs/policies.md).
+   Late only because the engine is sick (the slowdown) is not this case: sickness
+   passes, so such a request is refused with a Retry-After like one late for the queue;
 5. otherwise refuse at once (429), with Retry-After the predicted drain time of the
    work ahead: by then the lane holds none of what made it late, and it can be on
    time.
@@ -42,6 +48,7 @@ from slo.sim.engine_model import EngineModel, attention_pairs
 ADMIT: Final = "admit"
 TRUNCATE: Final = "truncate"
 BEST_EFFORT: Final = "best_effort"
+DEFER: Final = "defer"  # best effort, but not now: refused with the drain time
 REFUSE: Final = "refuse"
 # Admit when the estimate fits this share of the time left. 1.0 since issue 19's 3x
 # report (docs/benchmarks.md, "The deadline margin"): 0.8 refused requests that would
@@ -83,11 +90,11 @@ class WorkAhead:
 
 @dataclass(frozen=True, slots=True)
 class Feasibility:
-    action: str  # ADMIT / TRUNCATE / REFUSE
+    action: str  # ADMIT / TRUNCATE / BEST_EFFORT / DEFER / REFUSE
     ttft_s: float  # the estimated time to first token from now, as it will be sent
     left_s: float  # time left to its deadline
     truncate_to: int | None = None
-    retry_after_s: int | None = None  # REFUSE only
+    retry_after_s: int | None = None  # REFUSE and DEFER only
 
 
 def prefill_s(model: EngineModel, tokens: int, running: int,
@@ -221,10 +228,11 @@ def retry_after_s(model: EngineModel, ahead: WorkAhead, slowdown: float = 1.0,
 
 def judge(model: EngineModel, prompt_tokens: int, ahead: WorkAhead, left_s: float, *,
           vip: bool = False, truncate_to: int | None = None,
-          margin: float = DEFAULT_MARGIN, slowdown: float = 1.0) -> Feasibility:
+          margin: float = DEFAULT_MARGIN, slowdown: float = 1.0,
+          overloaded: bool = False) -> Feasibility:
     """What admission does with a request `left_s` seconds before its deadline;
     `slowdown`: how many times slower than the model the engine runs now (a sick
-    engine, breaker L1)."""
+    engine, breaker L1); `overloaded`: the check has been refusing requests lately."""
     budget = left_s * margin
     estimate = first_token_s(model, prompt_tokens, ahead) * slowdown
     if estimate <= budget:
@@ -235,7 +243,8 @@ def judge(model: EngineModel, prompt_tokens: int, ahead: WorkAhead, left_s: floa
             return Feasibility(TRUNCATE, shorter, left_s, truncate_to=truncate_to)
     if vip:
         return Feasibility(ADMIT, estimate, left_s)
-    if first_token_s(model, prompt_tokens, WorkAhead(0, 0)) > budget:
+    unattainable = first_token_s(model, prompt_tokens, WorkAhead(0, 0)) > budget
+    if unattainable and not overloaded:
         return Feasibility(BEST_EFFORT, estimate, left_s)
-    return Feasibility(REFUSE, estimate, left_s,
+    return Feasibility(DEFER if unattainable else REFUSE, estimate, left_s,
                        retry_after_s=retry_after_s(model, ahead, slowdown, prompt_tokens))

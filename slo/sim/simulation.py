@@ -1,13 +1,13 @@
 """A discrete-event simulation of one tailguard replica: admission (the policies'
-decisions, the limiter's three lanes, prefill gate and VIP KV reserve,
-`slo.sim.lanes`) in front of a continuous-batching engine (`EngineModel`: chunked
-prefill within a token budget, one decode token per running request per step, vLLM's
-KV cache: a waiting prompt starts only when all of it fits what is free, blocks are
-taken chunk by chunk, the newest request is preempted when decodes outgrow it; with
-priority scheduling, tailguard's default, waiting prompts go in admission's order, lane
-then deadline, and the victim is the latest-due of the lowest lane), with the real
-`PolicyEngine` stepped once per simulated second on the signals the server would have
-seen.
+decisions, the limiter's three lanes, prefill gate, VIP KV reserve, `slo.sim.lanes`,
+and promise keeper, `slo.policy.promises`) in front of a continuous-batching engine
+(`EngineModel`: chunked prefill within a token budget, one decode token per running
+request per step, vLLM's KV cache: a waiting prompt starts only when all of it fits
+what is free, blocks are taken chunk by chunk, the newest request is preempted when
+decodes outgrow it; with priority scheduling, tailguard's default, waiting prompts go
+in admission's order, lane then deadline, and the victim is the latest-due of the
+lowest lane), with the real `PolicyEngine` stepped once per simulated second on the
+signals the server would have seen.
 
 Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
 same engine model, work ahead in the request's lane, the slot wait from the recent
@@ -18,12 +18,14 @@ arriving during a step is judged as on its arrival, the rest of that step ahead 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 from observe import registry as R
 from slo.policy import conditions as P
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
+from slo.policy.promises import holds_back
 from slo.policy.vip_stream import VipStream
 from slo.sim import kv_cache
 from slo.sim.engine_model import EngineModel, attention_pairs
@@ -90,12 +92,15 @@ class Simulator:
             ahead = self._work_ahead(req, self.now - seen)
             if lane_of(req) != LANE_VIP:
                 ahead = self.vips.ahead_of(ahead, left, self.now)
+            ahead = replace(ahead, shares_steps=not self._holds_back(req))  # else waits
             check = F.judge(self.model, req.prompt, ahead, left, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
-                            margin=d.deadline_margin, slowdown=d.slowdown)
-            if check.action == F.REFUSE:
-                self._reject(req, "refuse:deadline")
-                self.refused += 1
+                            margin=d.deadline_margin, slowdown=d.slowdown,
+                            overloaded=d.refusing_late)
+            if check.action in (F.REFUSE, F.DEFER):  # DEFER: late even idle, in a surge
+                late = check.action == F.REFUSE
+                self._reject(req, "refuse:deadline" if late else "refuse:unattainable")
+                self.refused += late  # what the predicted-miss policy reads
                 return
             if check.action == F.TRUNCATE:
                 req.actions.append(f"truncate:{req.prompt}->{check.truncate_to}")
@@ -133,6 +138,15 @@ class Simulator:
             return engine_priority(lane_of(req), deadline_of(req), 0.0)
         return None
 
+    def _holds_back(self, req: SimRequest) -> bool:
+        """Admission's promise keeper (`slo.policy.promises`) on the simulated engine."""
+        mine = self._priority(req)
+        if mine is None or not self.decisions.keep_promises or lane_of(req) == LANE_VIP:
+            return False
+        waiting = [r.pending_prompt(self.now) for r in self.running if r.first_token is None]
+        return holds_back(self.model, len(self.running) - len(waiting), waiting,
+                          req.pending_prompt(self.now, mine))
+
     def _slot_wait_s(self, ahead: int) -> float:
         if len(self.running) < self.decisions.concurrency_limit and not ahead:
             return 0.0
@@ -164,7 +178,7 @@ class Simulator:
                 sum(pending), req.prompt, gate, sum(1 for left in pending if left > 0),
                 self.model.prefill_chunk_cap) and kv_fits(
                 self.model.kv_capacity_tokens - kv_cache.allocated(self.running), sum(pending),
-                req.prompt, d.vip_kv_reserve, len(self.running))
+                req.prompt, d.vip_kv_reserve, len(self.running)) and not self._holds_back(req)
         for req in self.lanes.pop_ready(fits):
             if self.now - req.arrival > LIMITER_MAX_WAIT_S:
                 self._reject(req, "admission_timeout")
