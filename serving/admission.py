@@ -197,7 +197,7 @@ class Admission:
     def _refuse(self, rec: RequestRecord, check: F.Feasibility) -> Refusal:
         if check.action == F.DEFER:  # not counted: the policy reads on-time-able refusals
             rec.policy_actions.append("refuse:unattainable")
-            return Refusal("deadline", f"this engine cannot meet the {check.left_s + 0.0:.2f} "
+            return Refusal("unattainable", f"this engine cannot meet the {check.left_s + 0.0:.2f} "
                            f"s first-token target even idle, and it is refusing requests "
                            f"now; retry after {check.retry_after_s} s to be served best "
                            f"effort", check.retry_after_s, status=429)

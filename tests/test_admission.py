@@ -619,7 +619,8 @@ def test_while_the_check_refuses_others_a_deadline_no_engine_could_meet_is_defer
     rec.arrival = time.monotonic()
     verdict = asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
     err = from_refusal(verdict)
-    assert err.status == 429 and err.headers == {"Retry-After": "1"}
+    assert (err.status, err.error_type) == (429, "unattainable")
+    assert err.headers == {"Retry-After": "1"}
     assert rec.policy_actions == ["refuse:unattainable"] and rec.prompt_tokens == 10
     assert adm.refused_deadline == 0 and adm.load.pending == (0, 0)
     vip = _record(vip=True)

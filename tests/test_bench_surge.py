@@ -158,7 +158,8 @@ def test_one_run_summary_from_client_results():
     assert summarize(by_key, 2.0) == {
         "offered": 5, "ok": 3, "shed": 1, "not_served": {"shed": 1, "client_sequence_limit": 1},
         "goodput_rps": 1.0, "smooth_goodput_rps": 0.75, "goodput_per_served": 2 / 3,
-        "realtime_key_attainment": 2 / 3, "retried": 0, "retry_on_time": None}
+        "realtime_key_attainment": 2 / 3, "retried": 0, "retry_on_time": None,
+        "deferred_retried": 0}
 
 
 def row(priority="realtime", vip=False, status="ok", ttft_s=0.1, target=0.2, actions=(),
@@ -205,9 +206,16 @@ def test_retries_after_retry_after_are_scored_on_their_own():
     late = Result(1, 0.0, PROMPT, ASK)
     late.fail("deadline", 429)
     late.retry = served(ttft_s=TARGET_S * 2)
-    assert retries({"realtime": [refused, late, served()]}) == {"retried": 2,
-                                                                 "retry_on_time": 0.5}
-    assert retries({"realtime": [served()]}) == {"retried": 0, "retry_on_time": None}
+    assert retries({"realtime": [refused, late, served()]}) == {
+        "retried": 2, "retry_on_time": 0.5, "deferred_retried": 0}
+    assert retries({"realtime": [served()]}) == {"retried": 0, "retry_on_time": None,
+                                                 "deferred_retried": 0}
+    # a deferred best-effort request is never on time: counted apart, not as a miss
+    deferred = Result(2, 0.0, PROMPT, ASK)
+    deferred.fail("unattainable", 429)
+    deferred.retry = served(ttft_s=TARGET_S * 3)
+    assert retries({"realtime": [refused, deferred]}) == {
+        "retried": 2, "retry_on_time": 1.0, "deferred_retried": 1}
 
 
 def test_prediction_accuracy_of_served_requests():

@@ -10,6 +10,8 @@ Most simulator tests use one engine model (`model()`): a step costs
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from observe.query import query_file
+from observe import registry as R
 from observe.tracelog import TraceLog
 from slo.policy import conditions as P
 from slo.sim import replay as rp
@@ -166,6 +169,43 @@ def test_with_priority_scheduling_a_short_vip_passes_a_vip_document_waiting_for_
         assert document.first_token > holder.end
     else:
         assert short.first_token > holder.end and not short.good
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_later_due_document_waits_in_front_while_it_would_make_a_prompt_late(keep):
+    """Admission's promise keeper in the simulator (deadline policy on from the first
+    tick): a realtime prompt of 150 tokens due in 0.2 s takes a whole 100-token step
+    alone (0.11 s), then its last 50 (0.06 s): on time at 0.17 s. A batch document
+    that came during its first step would share the second (adaptive cap 50 each: 0.11
+    s) and make it late (0.22 s); kept out, it enters after the prompt's first token."""
+    prompt = SimRequest(1.0, 150, 1, target_s=0.2)
+    doc = SimRequest(1.001, 300, 1, priority=R.PRIORITY_BATCH, target_s=5.0)
+    sim = Simulator(model(prefill_chunk_cap=50, prefill_cap_adaptive=True),
+                    P.PolicyConfig(keep_promises=keep))
+    sim.run([prompt, doc])
+    if keep:
+        assert prompt.ttft_s == pytest.approx(0.17) and prompt.good
+        assert doc.admitted == pytest.approx(1.17)
+    else:
+        assert prompt.ttft_s == pytest.approx(0.22) and not prompt.good
+        assert doc.admitted == pytest.approx(1.11)
+
+
+def test_a_document_late_even_alone_is_deferred_while_the_check_refuses_others():
+    """While the deadline check refuses requests that could be on time (the
+    predicted-miss policy active), one its target rules out even on an idle engine is
+    refused (`refuse:unattainable`, not counted as the check's refusal); else it is
+    served best effort in the batch lane."""
+    sim = Simulator(model(), P.PolicyConfig())
+    sim.decisions = dataclasses.replace(sim.decisions, deadline_margin=1.0, refusing_late=True)
+    late = SimRequest(0.0, 300, 1, target_s=0.1)
+    sim.arrive(late)
+    assert (late.status, late.actions, sim.refused) == ("rejected", ["refuse:unattainable"], 0)
+    sim.decisions = dataclasses.replace(sim.decisions, refusing_late=False)
+    served = SimRequest(0.0, 300, 1, target_s=0.1)
+    sim.arrive(served)
+    assert (served.status, served.priority, served.actions) == (
+        "ok", R.PRIORITY_BATCH, ["demote:unattainable"])
 
 
 def test_kv_growth_preempts_the_newest_request_which_is_recomputed_later():

@@ -12,6 +12,8 @@ from observe.registry import PRIORITY_REALTIME
 from slo.policy.feasibility import DEFAULT_MARGIN
 from slo.targets import DEFAULT_TTFT_TARGET
 
+UNATTAINABLE = "unattainable"  # the error code of a deferred best-effort request
+
 
 def meets(r) -> bool:
     return (r.status == "ok" and r.ttft_s is not None and r.prompt_tokens is not None
@@ -129,10 +131,15 @@ def prediction_accuracy(rows: list[dict]) -> dict:
 
 
 def retries(by_key: dict) -> dict:
-    """Requests refused with 429 that came back after their Retry-After: how many, and
-    the share then served on time."""
-    again = [r.retry for rs in by_key.values() for r in rs if r.retry is not None]
-    return {"retried": len(again), "retry_on_time": _share([meets(r) for r in again])}
+    """Requests refused with 429 that came back after their Retry-After: how many; the
+    share then served on time of those refused as late for the queue (`deadline`:
+    their Retry-After said when they could be on time); how many of the retries were
+    deferred (`unattainable`: late even on an idle engine, told when they would be
+    served best effort, never on time)."""
+    back = [r for rs in by_key.values() for r in rs if r.retry is not None]
+    timely = [r.retry for r in back if r.error_type != UNATTAINABLE]
+    return {"retried": len(back), "retry_on_time": _share([meets(r) for r in timely]),
+            "deferred_retried": len(back) - len(timely)}
 
 
 def _share(flags: list[bool]) -> float | None:
@@ -155,7 +162,7 @@ def summarize(by_key: dict, duration: float) -> dict:
     every = [outcome(r) for rs in by_key.values() for r in rs]
     realtime = [outcome(r) for kind in ("realtime", "vip") for r in by_key[kind]]
     return {"offered": len(every), "ok": sum(o.served for o in every),
-            "shed": sum(r.http_status == 503 or r.error_type == "deadline"
+            "shed": sum(r.http_status == 503 or r.error_type in ("deadline", UNATTAINABLE)
                         for rs in by_key.values() for r in rs),
             "not_served": dict(Counter(r.error_type for rs in by_key.values() for r in rs
                                        if r.status != "ok")),
@@ -200,6 +207,10 @@ def compare(rows: list[dict], key: str, goal: float = GOAL_RATIO) -> dict:
             "on_wins": sum(x > 1 for x in ratios), "met": min(ratios) >= goal}
 
 
+def _deferred(r: dict) -> str:
+    return f" ({r['deferred_retried']} deferred)" if r.get("deferred_retried") else ""
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -223,7 +234,7 @@ def report(rows: list[dict], goal: float = GOAL_RATIO) -> bool:
               f"| {_pct(r['admitted_realtime_attainment'])} ({r['admitted_realtime']}) "
               f"| {r.get('best_effort', 0)} "
               f"| {_pct(r['vip_attainment'])} ({r['vip']}) | {r['demoted']} "
-              f"| {r['retried']} | {_pct(r['retry_on_time'])} | {pr} "
+              f"| {r['retried']}{_deferred(r)} | {_pct(r['retry_on_time'])} | {pr} "
               f"| {_pct(r['ttft_mape_p50'])} / {_pct(r['ttft_p90_coverage'])} |")
     for key in ("goodput_rps", "smooth_goodput_rps"):
         c = compare(rows, key, goal)
