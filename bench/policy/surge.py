@@ -100,6 +100,8 @@ def surge_rounds(url: str, rounds: int, rate: float, duration: float, factor: fl
             start = time.time()
             by_key = asyncio.run(drive(url, "surge", rate, duration, seed + rnd, factor))
             row = {"round": rnd, "side": side, "order": order, "factor": factor,
+                   # its arrivals' epoch seconds: its rows in a kept trace log (--keep-db)
+                   "window": [start, start + duration],
                    # the base phase: the first third, before the surge
                    "base_busy": engine_busy(url, start, start + duration / 3),
                    **summarize(by_key, duration),
