@@ -59,7 +59,8 @@ class _Waiter:
     deadline: float
     seq: int  # first come first served among equal deadlines
     tokens: int = field(compare=False)
-    future: asyncio.Future = field(compare=False)
+    future: asyncio.Future | None = field(compare=False)
+    held: bool = field(default=False, compare=False)  # kept out for a promise, once
 
 
 class Limiter:
@@ -83,6 +84,7 @@ class Limiter:
         # Whether a prompt of a lane, so many tokens, due then, entering now would make
         # one the engine holds late (set by admission: `slo.policy.promises`)
         self.holds_back: Callable[[str, int, float], bool] = lambda lane, tokens, due: False
+        self.promise_holds = 0  # requests it kept out at least once (a counter)
         self._lanes: dict[str, list[_Waiter]] = {lane: [] for lane in LANES}  # heaps
         self._waiting = 0
         self._seq = itertools.count()
@@ -165,15 +167,15 @@ class Limiter:
         never past `max_wait_s`); `rank`, then `deadline` order the lane (default: rank
         0, now, i.e. first come first served)."""
         due = time.monotonic() if deadline is None else deadline
-        if enters_at_once(lane) or (not self._waiting and self._fits(tokens, lane, due)):
+        waiter = _Waiter(rank, due, next(self._seq), tokens, None)  # a future once it waits
+        if enters_at_once(lane) or (not self._waiting and self._fits(tokens, lane, due, waiter)):
             self._enter(tokens)
             return
         if self.max_queue and self._waiting >= self.max_queue:
             raise LimiterFull(f"{self._waiting} requests wait for the engine already; at "
                               f"most {self.max_queue} may")
         wait = self.max_wait_s if timeout_s is None else min(timeout_s, self.max_wait_s)
-        waiter = _Waiter(rank, due, next(self._seq), tokens,
-                         asyncio.get_running_loop().create_future())
+        waiter.future = asyncio.get_running_loop().create_future()
         heapq.heappush(self._lanes[lane], waiter)
         self._waiting += 1
         try:
@@ -210,12 +212,20 @@ class Limiter:
         self._forget_releases(now)
         self._wake()
 
-    def _fits(self, tokens: int, lane: str, due: float) -> bool:
+    def _fits(self, tokens: int, lane: str, due: float, waiter: _Waiter | None = None) -> bool:
         return self.in_flight < self._limit and gate_fits(
             self.engine_prefill_tokens, tokens, self._gate, self.engine_prefill_prompts,
             self.prefill_chunk_cap) and kv_fits(
             self.kv_free() if self._kv_reserve else 0, self.engine_prefill_tokens, tokens,
-            self._kv_reserve, self.in_flight) and not self.holds_back(lane, tokens, due)
+            self._kv_reserve, self.in_flight) and not self._kept_out(lane, tokens, due, waiter)
+
+    def _kept_out(self, lane: str, tokens: int, due: float, waiter: _Waiter | None) -> bool:
+        """The promise keeper's answer; a waiter it keeps out is counted once."""
+        held = self.holds_back(lane, tokens, due)
+        if held and waiter is not None and not waiter.held:
+            waiter.held = True
+            self.promise_holds += 1
+        return held
 
     def _enter(self, tokens: int) -> None:
         self.in_flight += 1
@@ -264,7 +274,7 @@ class Limiter:
             heap = self._lanes[lane]
             while heap:
                 head = heap[0]
-                if not self._fits(head.tokens, lane, head.deadline):  # no VIP waits here
+                if not self._fits(head.tokens, lane, head.deadline, head):  # no VIP here
                     return
                 heapq.heappop(heap)
                 self._waiting -= 1

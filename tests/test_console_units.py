@@ -361,6 +361,10 @@ def test_check_request_id_rejects(bad):
     ({"prefill_gate_tokens": 2048, "engine_prefill_tokens": 0, "retry_bookings": 0,
       "vip_kv_reserve_tokens": 1024, "kv_free_tokens": 27000},
      "; prefill gate 0/2048 tokens; KV cache 27000 tokens free, 1024 kept for VIPs"),
+    ({"prefill_gate_tokens": 2048, "engine_prefill_tokens": 0, "retry_bookings": 2,
+      "promise_holds": 7},
+     "; prefill gate 0/2048 tokens; 7 requests kept in front for an earlier one's "
+     "deadline; 2 refused requests booked to retry"),
     ({}, ""),  # an older server's answer
 ])
 def test_the_policies_page_states_the_gate_and_the_bookings(limiter, text):

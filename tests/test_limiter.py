@@ -198,13 +198,16 @@ def test_a_request_held_back_for_an_earlier_promise_enters_when_a_chunk_frees_it
         tasks = await _queue(limiter, [("doc", BATCH, 3000, 9.0), ("vip", LANE_VIP, 500, 5.0),
                                        ("short", BATCH, 50, 10.0)], order)
         held = list(order)
+        limiter.prefilled(0)  # asked again, held again: still one request held
+        holds = limiter.promise_holds
         holding[0] = False
         limiter.prefilled(256)  # a chunk of the earlier prompt: ask again
         await _settle()
         await asyncio.gather(*tasks)
-        return held, order, asked
-    held, order, asked = asyncio.run(scenario())
-    assert held == ["vip"] and order == ["vip", "doc", "short"]
+        return held, order, asked, holds
+    held, order, asked, holds = asyncio.run(scenario())
+    assert held == ["vip"] and order == ["vip", "doc", "short"] and holds == 1
+    # kept out on arrival, then asked again as it waits: one request held, counted once
     assert asked[0] == (BATCH, 3000, 9.0) and all(lane != LANE_VIP for lane, _, _ in asked)
 
 

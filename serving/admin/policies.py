@@ -66,7 +66,9 @@ def create_policy_router(runtime) -> APIRouter:
                         "vip_kv_reserve_tokens": guard.limiter.kv_reserve,
                         "kv_free_tokens": runtime.admission.kv_free_tokens(),
                         # refused requests booked to come back (slo/policy/retry_book)
-                        "retry_bookings": len(runtime.admission.retries)},
+                        "retry_bookings": len(runtime.admission.retries),
+                        # requests kept in front so as not to make an earlier one late
+                        "promise_holds": guard.limiter.promise_holds},
             # seed 000's length classes: the boundaries in force, and how often they moved
             "length_classes": {"bounds": list(runtime.admission.length_classes.bounds),
                                "moves": runtime.admission.length_classes.moves},

@@ -82,7 +82,8 @@ def signals_caption(signals: dict, limiter: dict) -> str:
 def _gate(limiter: dict) -> str:
     """The prefill gate, when one is in force (prompt tokens in the engine not yet
     prefilled against what it lets in), the KV-cache reserve kept for VIPs (against
-    what the cache has free), and the refused requests booked to retry."""
+    what the cache has free), the refused requests booked to retry, and the requests
+    kept in front so as not to make an earlier one late (promises kept)."""
     gate, booked = limiter.get("prefill_gate_tokens"), limiter.get("retry_bookings")
     reserve = limiter.get("vip_kv_reserve_tokens")
     text = "" if gate is None else \
@@ -90,6 +91,8 @@ def _gate(limiter: dict) -> str:
     if reserve is not None:
         free = limiter.get("kv_free_tokens", 0)
         text += f"; KV cache {free} tokens free, {reserve} kept for VIPs"
+    held = limiter.get("promise_holds")
+    text += f"; {held} requests kept in front for an earlier one's deadline" if held else ""
     return text + (f"; {booked} refused requests booked to retry" if booked else "")
 
 
