@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from observe import registry as R
 from slo.policy.promises import Prompt
+from slo.sim.lanes import deadline_of
 from slo.tenants import SHED_ERROR, SHED_PREFIXES
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
@@ -41,10 +42,9 @@ class SimRequest:
     def pending_prompt(self, now: float, priority: int | None = None) -> Prompt:
         """Its prefill as admission's promise keeper sees it (`slo.policy.promises`),
         with its engine priority or `priority` (one not yet in the engine)."""
-        due = self.arrival + (self.target_s if self.target_s is not None else 0.0)
         return Prompt(max(0, (self.context or self.prompt) - self.prefilled), self.prefilled,
                       self.engine_priority if priority is None else priority, self.started,
-                      due - now)
+                      deadline_of(self) - now)
 
     @property
     def shed(self) -> bool:
