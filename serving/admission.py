@@ -146,8 +146,13 @@ class Admission:
         (`slo.policy.promises`; while the deadline check keeps promises; never a VIP)."""
         if lane == LANE_VIP or not self.decisions.keep_promises:
             return False
-        return self.ahead.holds_back(tokens, engine_priority(lane, deadline, self.epoch),
-                                     deadline, self.epoch, time.monotonic())
+        now = time.monotonic()
+        coming = self.retries.coming(now, deadline)
+        held = self.ahead.holds_back(tokens, engine_priority(lane, deadline, self.epoch),
+                                     deadline, self.epoch, now, coming)
+        if held and coming:  # a retry that never comes releases it by time, not by a step
+            self.limiter.wake_at(min(b.deadline for b in coming))
+        return held
 
     def entered(self, prefill: PrefillEnd) -> None:
         self.load.in_engine.add(prefill)
@@ -167,11 +172,12 @@ class Admission:
                     else engine_priority(lane, deadline, self.epoch))
         base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d),
                                priority)
-        if self.holds_back(lane, prompt_tokens, deadline):  # it waits for those ahead
+        retry = lane != LANE_VIP and self.retries.claim(rec.client, prompt_tokens, now)
+        held = self.holds_back(lane, prompt_tokens, deadline)
+        if held:  # it waits for those ahead, booked retries included
             base = replace(base, shares_steps=False)
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
-        if d.hold_retries and lane != LANE_VIP \
-                and not self.retries.claim(rec.client, prompt_tokens, now):
+        if (d.hold_retries or held) and lane != LANE_VIP and not retry:
             booked = self.retries.work_due(now, deadline)
         expected = ahead = base.with_prefill(*booked)
         if lane == LANE_VIP:
@@ -191,7 +197,7 @@ class Admission:
             return replace(check, retry_after_s=self.retries.book(
                 rec.client, prompt_tokens, now,
                 F.drain_s(model, base, prompt_tokens) * d.slowdown,
-                F.prefill_s(model, prompt_tokens, base.running) * d.slowdown))
+                F.prefill_s(model, prompt_tokens, base.running) * d.slowdown, lane, target))
         return check
 
     def _refuse(self, rec: RequestRecord, check: F.Feasibility) -> Refusal:

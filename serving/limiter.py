@@ -91,6 +91,7 @@ class Limiter:
         self._releases: deque[tuple[float, int]] = deque()  # (when, KV tokens freed)
         self._released_kv = 0  # their sum
         self._entries: deque[tuple[float, int]] = deque()  # (when, prompt tokens)
+        self._timer: tuple[float, asyncio.TimerHandle] | None = None  # `wake_at`'s
 
     @property
     def limit(self) -> int:
@@ -178,6 +179,8 @@ class Limiter:
         waiter.future = asyncio.get_running_loop().create_future()
         heapq.heappush(self._lanes[lane], waiter)
         self._waiting += 1
+        if self._waiting > 1:  # others waited, so nobody asked if it fits: ask in lane order
+            self._wake()
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), wait)
         except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
@@ -266,6 +269,20 @@ class Limiter:
     def _forget_releases(self, now: float) -> None:
         while self._releases and self._releases[0][0] < now - RELEASE_WINDOW_S:
             self._released_kv -= self._releases.popleft()[1]
+
+    def wake_at(self, when: float) -> None:
+        """Ask the waiters again by monotonic `when`: a hold that time ends (a retry not come)."""
+        if self._timer is not None and self._timer[0] <= when:
+            return
+        if self._timer is not None:
+            self._timer[1].cancel()
+        handle = asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()),
+                                                       self._timed_wake)
+        self._timer = (when, handle)
+
+    def _timed_wake(self) -> None:
+        self._timer = None
+        self._wake()
 
     def _wake(self) -> None:
         """Hand the room out in lane order, earliest deadline first; stop at the first

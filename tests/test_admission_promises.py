@@ -101,3 +101,44 @@ def test_a_request_that_would_be_held_is_estimated_after_the_prompt_ahead():
     beside, after = asyncio.run(scenario())
     assert beside == pytest.approx(0.505 + 0.71, abs=0.005)
     assert after == pytest.approx(0.505 + 0.81, abs=0.005)
+
+
+def _book_retry(adm: Admission) -> float:
+    """A refused realtime request of 100 tokens told to come back in 1 s (the least a
+    Retry-After says), its first token due 0.2 s after: alone, one 0.11 s step."""
+    now = time.monotonic()
+    assert adm.retries.book("c", 100, now, 0.01, 0.11, R.PRIORITY_REALTIME, 0.2) == 1
+    return now
+
+
+def test_a_document_waits_for_a_booked_retry_and_enters_after_its_first_token():
+    """A 2,000-token batch document entering now would still be prefilling when the
+    retry comes (its first step alone is 1.01 s) and make it late (1.62 s against
+    1.2 s); held, it enters once the retry has had its first token. The retry itself
+    is not held by its own booking."""
+    async def scenario():
+        adm = _admission()
+        _book_retry(adm)
+        doc = asyncio.create_task(adm.limiter.acquire(
+            R.PRIORITY_BATCH, tokens=2000, deadline=time.monotonic() + 5.0))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        held = (doc.done(), adm.limiter.promise_holds)
+        assert adm.retries.claim("c", 100, time.monotonic())  # it came back, 1 s early
+        retry = await _earlier(adm, 0.2, 100)  # let in past the held document
+        still = doc.done()
+        retry.chunk(100)
+        retry.ended()
+        await asyncio.wait_for(doc, 1.0)
+        return held, still, adm.limiter.in_flight
+    assert asyncio.run(scenario()) == ((False, 1), False, 2)
+
+
+def test_a_booked_retry_that_never_comes_holds_nobody_past_its_deadline():
+    async def scenario():
+        adm = _admission()
+        booked_at = _book_retry(adm)
+        await adm.limiter.acquire(R.PRIORITY_BATCH, tokens=2000,
+                                  deadline=time.monotonic() + 5.0)
+        return time.monotonic() - booked_at
+    assert 1.2 <= asyncio.run(scenario()) < 1.5  # released by time, at the retry's deadline

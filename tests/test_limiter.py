@@ -298,3 +298,22 @@ def test_the_kv_free_rate_is_what_ending_requests_held_over_the_recent_window():
     assert limiter.kv_free_rate() == 150.0  # 1,500 tokens over the 10 s window
     assert limiter.kv_free_rate(time.monotonic() + 11) == 0.0  # forgotten
     assert limiter.in_flight == 0
+
+
+def test_a_newcomer_of_an_earlier_lane_passes_a_held_waiter_at_once_and_time_frees_it():
+    """Nothing in the engine to step: a realtime newcomer behind a batch document the
+    promise keeper holds enters as it comes, not at the next engine event; and a hold
+    that ends with time (`wake_at`) is asked again then."""
+    async def scenario():
+        limiter, holding = Limiter(16), [True]
+        limiter.holds_back = lambda lane, tokens, due: holding[0] and tokens > 100
+        order: list[str] = []
+        tasks = await _queue(limiter, [("doc", BATCH, 2000, 9.0),
+                                       ("chat", RT, 50, 5.0)], order)
+        entered = list(order)
+        holding[0] = False
+        limiter.wake_at(time.monotonic() + 0.05)
+        limiter.wake_at(time.monotonic() + 5.0)  # a later one: the earlier stands
+        await asyncio.wait_for(asyncio.gather(*tasks), 1.0)
+        return entered, order
+    assert asyncio.run(scenario()) == (["chat"], ["chat", "doc"])

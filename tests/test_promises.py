@@ -77,3 +77,28 @@ def test_a_held_newcomer_is_estimated_after_the_prompts_ahead():
     assert F.own_prefill_s(model, 400, long_ahead) == pytest.approx(0.01 + 0.9)
     assert F.own_prefill_s(model, 400, F.WorkAhead(1600, 0, prompts=1, shares_steps=False)) \
         == pytest.approx(2 * 0.01 + 2.0)
+
+
+# A booked retry of 100 tokens, due back in 0.5 s, its first token due 0.2 s later.
+BOOKED = Prompt(100, 0, 1, False, due_s=0.7, arrives_s=0.5)
+
+
+@pytest.mark.parametrize("prompts,expected", [
+    # idle until it comes, then one step of 100 tokens
+    ([BOOKED], [0.61]),
+    # a 2,000-token prompt alone for its first step (no cap, 1,000 tokens: 1.01 s);
+    # then both, the booked one first by priority, the cap the fair share of two (500):
+    # 100 + 500 tokens (0.61 s); then the rest beside one decode (501 tokens, 0.511 s)
+    ([Prompt(2000, 0, 5, False), BOOKED], [1.01 + 0.61 + 0.511, 1.01 + 0.61]),
+])
+def test_a_booked_retry_enters_the_steps_when_it_comes(prompts, expected):
+    assert promises.first_token_s(MODEL, 0, prompts) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("newcomer,held", [
+    (Prompt(2000, 0, 5, False, 3.0), True),  # still prefilling when it comes: 1.62 s
+    (Prompt(300, 0, 5, False, 3.0), False),  # done at 0.31 s, before it comes
+    (Prompt(2000, 0, 0, False, 3.0), False),  # due first (a smaller priority)
+])
+def test_a_newcomer_is_held_for_a_booked_retry(newcomer, held):
+    assert promises.holds_back(MODEL, 0, [BOOKED], newcomer) is held

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from observe import registry as R
 from slo.policy.retry_book import RetryBook
 
 
@@ -60,3 +61,15 @@ def test_a_book_nobody_came_back_to_starts_afresh():
 
 def test_retry_after_is_capped():
     assert RetryBook(max_retry_after_s=120).book("a", 1, 0.0, 500.0, 1.0) == 120
+
+
+def test_the_bookings_coming_before_a_deadline_are_those_due_before_it():
+    book = RetryBook()
+    book.book("a", 500, 100.0, 2.2, 0.9, R.PRIORITY_REALTIME, 0.2)  # back at 103, due 103.2
+    book.book("b", 300, 100.0, 2.2, 0.9, R.PRIORITY_BATCH, 1.5)  # back at 104, due 105.5
+    assert [(b.key, b.lane, b.deadline) for b in book.coming(100.0, 104.0)] == [
+        (("a", 500), R.PRIORITY_REALTIME, pytest.approx(103.2))]
+    assert len(book.coming(100.0, 106.0)) == 2
+    assert book.coming(100.0, 103.2) == []  # due at the same moment: not before it
+    book.claim("a", 500, 103.0)
+    assert [b.key for b in book.coming(103.0, 106.0)] == [("b", 300)]

@@ -7,13 +7,16 @@ live engine model (the step in progress).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from observe.record import AdmissionLoad
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.limiter import Limiter
 from slo.policy import feasibility as F
 from slo.policy import promises
-from slo.sim.lanes import deadline_of_priority, kv_reserved_from
+from slo.policy.retry_book import Booking
+from slo.sim.lanes import deadline_of_priority, engine_priority, kv_reserved_from
 
 # Prompts sent to an idle engine within this of the first share the step it starts
 # (vLLM's engine core takes what has come in before it schedules).
@@ -63,17 +66,20 @@ class WorkAheadView:
             self.load.kv_use_rate)
 
     def holds_back(self, tokens: int, priority: int, deadline: float, epoch: float,
-                   now: float) -> bool:
+                   now: float, coming: Sequence[Booking] = ()) -> bool:
         """Whether a prompt of `tokens` with engine `priority`, due at monotonic
-        `deadline`, entering the engine now would make a prompt there that is due
-        before it miss its deadline (`slo.policy.promises`; engine priorities count
-        deadlines from `epoch`)."""
+        `deadline`, entering the engine now would make a prompt there, or a booked
+        retry in `coming`, that is due before it miss its deadline
+        (`slo.policy.promises`; engine priorities count deadlines from `epoch`)."""
         held = [p for p in self.load.in_engine if p.pending and p.left > 0]
-        if not any(p.priority < priority for p in held):
+        booked = [promises.Prompt(b.tokens, 0, engine_priority(b.lane, b.deadline, epoch),
+                                  False, b.deadline - now, max(0.0, b.start - now))
+                  for b in coming]
+        if not any(p.priority < priority for p in (*held, *booked)):
             return False
         prompts = [promises.Prompt(p.left, p.computed, p.priority, not p.waiting,
                                    deadline_of_priority(p.priority, epoch) - now)
-                   for p in held]
+                   for p in held] + booked
         decodes = sum(1 for p in self.load.in_engine if not p.pending)
         since = self.engine_model.since_last_step_s(now)
         remaining = 0.0 if since is None else max(0.0, self.load.recent_step_s - since)

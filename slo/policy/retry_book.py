@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
+from observe import registry as R
 from slo.sim.engine_model import attention_pairs
 
 EARLY_S: Final = 1.0  # a client's clock and rounding: a retry may come this much early
@@ -32,6 +33,13 @@ class Booking:
     key: tuple[str | None, int]  # client, prompt tokens
     start: float  # monotonic time the client was told to come back
     tokens: int
+    lane: str = R.PRIORITY_REALTIME  # the lane it was refused from
+    target_s: float = math.inf  # its first-token target: due at start + target_s
+
+    @property
+    def deadline(self) -> float:
+        """When the retry's first token is due if it comes back on time."""
+        return self.start + self.target_s
 
 
 class RetryBook:
@@ -45,16 +53,18 @@ class RetryBook:
         return len(self._bookings)
 
     def book(self, client: str | None, tokens: int, now: float, drain_s: float,
-             own_s: float) -> int:
+             own_s: float, lane: str = R.PRIORITY_REALTIME, target_s: float = math.inf) -> int:
         """Book a refused request's `own_s` of engine time after the `drain_s` of the
         work ahead of it and after the bookings before it; returns its Retry-After
-        (whole seconds, at least 1)."""
+        (whole seconds, at least 1). `lane` and `target_s`: what it will come back as
+        (the promise keeper protects its first token)."""
         self._lapse(now)
         start = max(now + drain_s, self._free_at)  # infinite: nothing frees room lately
         retry_after = self.max_retry_after_s if not math.isfinite(start) else \
             min(self.max_retry_after_s, max(1, math.ceil(start - now)))
         self._free_at = max(self._free_at, now + retry_after) + own_s
-        self._bookings.append(Booking((client, tokens), now + retry_after, tokens))
+        self._bookings.append(Booking((client, tokens), now + retry_after, tokens, lane,
+                                      target_s))
         return retry_after
 
     def claim(self, client: str | None, tokens: int, now: float) -> bool:
@@ -72,6 +82,11 @@ class RetryBook:
         self._lapse(now)
         due = [b.tokens for b in self._bookings if b.start - EARLY_S <= deadline]
         return sum(due), sum(attention_pairs(0, tokens) for tokens in due)
+
+    def coming(self, now: float, deadline: float) -> list[Booking]:
+        """The bookings still open whose retries are due before `deadline`."""
+        self._lapse(now)
+        return [b for b in self._bookings if b.deadline < deadline]
 
     def _lapse(self, now: float) -> None:
         if self._bookings and self._bookings[0].start + self.grace_s < now:
