@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.policy.surge_scoring import server_view, summarize
+from bench.policy.surge_scoring import retries, server_view, summarize
 from bench.policy.surge_server import drive, server_rows, set_policies, start
 from slo.policy.length_classes import CLASS_NAMES, class_of
 
@@ -72,17 +72,18 @@ def ttft_figures(by_key: dict) -> dict:
 
 
 def one_run(url: str, scenario: str, rate: float, duration: float, factor: float,
-            seed: int) -> dict:
+            seed: int, retry_refused: bool = False) -> dict:
     time.sleep(5)
     began = time.time()
     by_key = asyncio.run(drive(url, scenario, rate, duration, seed, factor,
-                               retry_refused=False))
+                               retry_refused=retry_refused))
     figures = summarize(by_key, duration)
     served = server_view(server_rows(url, began, time.time()))
     return {"offered": figures["offered"], "ok": figures["ok"], "refused": figures["shed"],
             "goodput_rps": figures["goodput_rps"],
             **{k: served[k] for k in ATTAINMENTS}, "vip": served["vip"],
-            "admitted_realtime": served["admitted_realtime"], **ttft_figures(by_key)}
+            "admitted_realtime": served["admitted_realtime"], **ttft_figures(by_key),
+            **(retries(by_key) if retry_refused else {})}
 
 
 def run_sides(args, tmp: Path) -> list[dict]:
@@ -108,7 +109,7 @@ def run_sides(args, tmp: Path) -> list[dict]:
             for side in order:
                 row = {"round": rnd, "side": side, "first": side == order[0],
                        **one_run(urls[side], args.scenario, args.rate, args.duration,
-                                 args.factor, args.seed + rnd)}
+                                 args.factor, args.seed + rnd, args.retry_refused)}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     finally:
@@ -121,7 +122,7 @@ def run_sides(args, tmp: Path) -> list[dict]:
 def ratios(rows: list[dict], key: str) -> list[float]:
     by_round: dict = {}
     for r in rows:
-        by_round.setdefault(r["round"], {})[r["side"]] = r[key]
+        by_round.setdefault(r["round"], {})[r["side"]] = r.get(key)
     return [v["B"] / v["A"] for _, v in sorted(by_round.items())
             if v.get("A") and v.get("B") is not None]
 
@@ -138,9 +139,11 @@ def report(rows: list[dict]) -> dict[str, float]:
         print(f"| {r['round']} | {r['side']} | {'yes' if r['first'] else 'no'} "
               f"| {r['offered']} | {r['ok']} | {r['refused']} | {r['goodput_rps']:.2f} | "
               f"{_pct(r['admitted_realtime_attainment'])} ({r['admitted_realtime']}) | "
-              f"{_pct(r['vip_attainment'])} ({r['vip']}) | " + " | ".join(cells) + " |")
+              f"{_pct(r['vip_attainment'])} ({r['vip']}) | " + " | ".join(cells) + " |"
+              + (f" retried {r['retried']}, on time {_pct(r['retry_on_time'])}"
+                 if "retried" in r else ""))
     medians = {}
-    for key in (*(f"{g}_p99" for g in GROUPS), "goodput_rps", *ATTAINMENTS):
+    for key in (*(f"{g}_p99" for g in GROUPS), "goodput_rps", *ATTAINMENTS, "retry_on_time"):
         xs = ratios(rows, key)
         if xs:
             medians[key] = statistics.median(xs)
@@ -174,6 +177,8 @@ def main() -> None:
                     help="a policy setting for B only (repeat)")
     ap.add_argument("--a-checkout", type=Path, help="a source tree A serves from")
     ap.add_argument("--b-checkout", type=Path, help="a source tree B serves from")
+    ap.add_argument("--retry-refused", action="store_true",
+                    help="send a refused request once more after its Retry-After")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = run_sides(args, Path(tmp))
