@@ -10,6 +10,7 @@ import pytest
 from slo.policy import conditions as P
 from slo.policy.batch_size import BatchController, LimitChange
 from slo.policy.decisions import Decisions, decide
+from slo.policy.engine import PolicyEngine
 from slo.policy.lifecycle import (
     ACTIVE,
     AUTO,
@@ -492,6 +493,27 @@ def test_initial_limit(limit, expected):
     """Starts at batch_initial (16), not the cap: a surge must not meet a limit that an
     idle period inflated."""
     assert BatchController(CONFIG, limit=limit).limit == expected
+
+
+def test_lifting_a_force_off_starts_batch_control_over():
+    """force_off holds the limit at the cap; lifted, control starts at batch_initial as
+    on a new server, not at the cap it would take a minute of cuts to leave."""
+    events = []
+    engine = PolicyEngine(CONFIG, lambda *event: events.append(event), lambda *gauge: None)
+
+    def limit_at(now: float) -> int:
+        signals = engine.signals(now, engine_failed=False, queue_depth=0, kv_usage=0.0,
+                                 kv_forecast=None)
+        return engine.evaluate(signals).concurrency_limit
+
+    assert limit_at(T0) == 16
+    engine.machines[P.BATCH_CONTROL].override = _override(FORCE_OFF)
+    assert (limit_at(T0 + 1), limit_at(T0 + 2)) == (64, 64)
+    assert events == []
+    engine.machines[P.BATCH_CONTROL].override = None
+    assert (limit_at(T0 + 3), limit_at(T0 + 4)) == (16, 16)
+    assert events == [(P.BATCH_CONTROL, "limit=64", "limit=16",
+                       "override lifted: control starts over", {})]
 
 
 # --- decisions ---------------------------------------------------------------------

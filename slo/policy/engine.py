@@ -41,6 +41,7 @@ class PolicyEngine:
         self.conditions[P.BATCH_CONTROL] = _never
         self.machines[P.BATCH_CONTROL] = PolicyMachine(P.BATCH_CONTROL, config.timing())
         self.batch = BatchController(config)
+        self._batch_held = False  # force_off holds the limit at the cap
         self.ttft = SampleWindow(60.0)
         self.off_model = SampleWindow(BREAKER_WINDOW_S)  # observed / estimated TTFT
         self.outcomes = OutcomeWindow(BREAKER_WINDOW_S * 3)
@@ -119,7 +120,17 @@ class PolicyEngine:
         override = self.machines[P.BATCH_CONTROL].override
         if override is not None and override.mode == FORCE_OFF:
             self.batch.limit = self.config.batch_cap
+            self._batch_held = True
             return
+        if self._batch_held:  # the override lifted or expired: start over, as a new server
+            # does; left at the cap, the controller takes a cut per 15 s of slow windows
+            # to come down while the KV cache overflows (a surge right after the
+            # override missed a tenth more admitted realtime requests than one without)
+            self._batch_held = False
+            self.batch = BatchController(self.config)
+            self._record_event(P.BATCH_CONTROL, f"limit={self.config.batch_cap}",
+                               f"limit={self.batch.limit}", "override lifted: control "
+                               "starts over", {})
         batch_p99 = quantile(self.ttft.values(now, self.config.batch_window_s), 0.99)
         change = self.batch.step(now, batch_p99, load, saturated)
         if change is not None:
