@@ -147,15 +147,15 @@ class Limiter:
         return tokens, pairs, prompts
 
     def slot_wait_s(self, lane: str, now: float | None = None) -> float:
-        """Expected wait for a slot for a newcomer in `lane`: none for a VIP (it enters
-        at once) or while a slot is free (a wait at the prefill gate is the work ahead,
-        which the deadline check counts as prefill); else one release per request ahead
-        (and itself), at the recent release rate (infinite when nothing has been
-        released lately)."""
+        """Expected wait for a slot for a newcomer in `lane`: none for a VIP or while a
+        slot is free (a wait at the gate is prefill work ahead); else a release for each
+        request over the limit (VIPs enter past it; a cut), each ahead and itself, at
+        the recent release rate (infinite when nothing was released lately)."""
         if enters_at_once(lane) or self.in_flight < self._limit:
             return 0.0
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])
+        ahead += self.in_flight - self._limit
         now = time.monotonic() if now is None else now
         self._forget_releases(now)
         if not self._releases:

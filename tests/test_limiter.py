@@ -290,6 +290,22 @@ def test_slots_full_means_a_slot_wait_not_a_gate_wait():
     assert asyncio.run(scenario()) == (True, float("inf"), 0.0, False, 0.0)
 
 
+@pytest.mark.parametrize("limit,expected", [
+    (7, 0.0),  # a slot is free
+    (6, 2.5),  # full: the next release is its
+    (4, 7.5),  # two over the limit (VIPs entered past it) leave first, then its own
+    (2, 12.5),  # a cut from 6 to 2: four must leave before a slot frees
+])
+def test_the_slot_wait_counts_every_request_over_the_limit(limit, expected):
+    """Four releases over the 10 s window: one every 2.5 s on average."""
+    limiter = Limiter(8)
+    limiter.in_flight = 10
+    for _ in range(4):
+        limiter.release(None)
+    limiter.limit = limit
+    assert (limiter.in_flight, limiter.slot_wait_s(RT)) == (6, expected)
+
+
 def test_the_kv_free_rate_is_what_ending_requests_held_over_the_recent_window():
     limiter = Limiter(4)
     limiter.in_flight = 2

@@ -112,6 +112,23 @@ def test_a_realtime_waiter_too_late_for_its_slot_moves_to_the_batch_lane():
     assert list(lanes.pop_ready(lambda r: True)) == [untimed, fine, late]
 
 
+@pytest.mark.parametrize("limit,ahead,expected", [
+    (7, 0, 0.0),  # a slot is free
+    (7, 1, 5.0),  # free, but one waits before it: its release, then its own
+    (6, 0, 2.5),
+    (4, 0, 7.5),  # two over the limit leave first (as `serving.limiter`'s slot wait)
+    (2, 1, 15.0),
+])
+def test_the_simulated_slot_wait_counts_every_request_over_the_limit(limit, ahead, expected):
+    """Six running, four releases over the 10 s window: one every 2.5 s."""
+    model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000)
+    sim = Simulator(model, None, limit=limit)
+    sim.now = 20.0
+    sim.running = [waiter(0.0) for _ in range(6)]
+    sim.releases.extend((19.0, 0) for _ in range(4))
+    assert sim._slot_wait_s(ahead) == expected
+
+
 @pytest.mark.parametrize("lane, deadline, expected", [
     (LANE_VIP, 100.25, 250),  # 250 ms after the epoch
     (LANE_VIP, 99.0, 0),  # due before the epoch: first in its lane, never negative

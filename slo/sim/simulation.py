@@ -148,12 +148,12 @@ class Simulator:
                           req.pending_prompt(self.now, mine))
 
     def _slot_wait_s(self, ahead: int) -> float:
-        if len(self.running) < self.decisions.concurrency_limit and not ahead:
+        over = len(self.running) - self.decisions.concurrency_limit  # VIPs past it; a cut
+        if over < 0 and not ahead:
             return 0.0
         self._forget_releases()
-        if not self.releases:
-            return float("inf")
-        return (ahead + 1) * RELEASE_WINDOW_S / len(self.releases)
+        wait, releases = (ahead + 1 + max(0, over)) * RELEASE_WINDOW_S, len(self.releases)
+        return wait / releases if releases else float("inf")
 
     def _forget_releases(self) -> None:
         while self.releases and self.releases[0][0] < self.now - RELEASE_WINDOW_S:
