@@ -103,6 +103,9 @@ class RequestRecord:
     # prediction's input, and what its calibration learns from.
     ttft_expected_s: float | None = None
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
+    # Seconds it waited in front of the engine (the limiter: a slot, the prefill gate,
+    # a promise kept to a prompt due earlier): the part of queue_s that is tailguard's
+    admission_wait_s: float | None = None
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
     client: str | None = None  # the API key's name, `anonymous` without keys; None: unknown
     # Seed 000's length-class boundaries in force at admission (None: never admitted)
@@ -179,7 +182,7 @@ class RequestRecord:
             "slo_ttft_target_s": self.slo_ttft_target_s, "slo_ok": self.slo_ok,
             "policy_actions": list(self.policy_actions),
             "tokenize_s": self.tokenize_s, "vip": self.vip, "client": self.client,
-            "estimated_ttft_s": self.ttft_estimate_s,
+            "estimated_ttft_s": self.ttft_estimate_s, "admission_wait_s": self.admission_wait_s,
             "length_class_low": self.length_bounds and self.length_bounds[0],
             "length_class_high": self.length_bounds and self.length_bounds[1],
             **_load_columns(self.load), **_prediction_columns(self.prediction),

@@ -101,6 +101,9 @@ REQUESTS: Final = TableSpec("requests", (
     # Seed 000's length-class boundaries in force at admission (`batch_bucket` is the
     # class under them); NULL for a request refused before it was tokenized.
     ("length_class_low", "INTEGER"), ("length_class_high", "INTEGER"),
+    # Seconds waited in front of the engine (slot, prefill gate, a promise kept): the
+    # part of queue_s that is tailguard's, the rest vLLM's queue; NULL if never admitted.
+    ("admission_wait_s", "DOUBLE"),
 ), key=("request_id", "arrival_ts"))
 SPANS: Final = TableSpec("spans", (
     ("trace_id", "VARCHAR"), ("span_id", "VARCHAR"), ("parent_span_id", "VARCHAR"),

@@ -230,12 +230,21 @@ class Admission:
 
     async def _acquire(self, rec: RequestRecord, lane: str, target: float | None,
                        prompt_tokens: int, d: Decisions) -> None:
+        began = time.monotonic()
+        try:
+            await self._wait_in_front(rec, lane, target, prompt_tokens, d, began)
+        finally:  # admitted, timed out or gone: the row says how long (the longest of
+            # its prompts' waits when a completion sends several)
+            rec.admission_wait_s = max(rec.admission_wait_s or 0.0, time.monotonic() - began)
+
+    async def _wait_in_front(self, rec: RequestRecord, lane: str, target: float | None,
+                             prompt_tokens: int, d: Decisions, began: float) -> None:
         """While the deadline policy is on, a realtime request waits in its lane only
         as long as its first token can still come in time after it gets a slot; past
         that it moves to the batch lane, and the realtime lane keeps only requests that
         still can."""
         deadline = None if target is None else rec.arrival + target
-        rank, began = self._rank(rec, prompt_tokens, d), time.monotonic()
+        rank = self._rank(rec, prompt_tokens, d)
         if d.deadline_margin is not None and target is not None \
                 and lane == R.PRIORITY_REALTIME:
             own = F.prefill_s(self.engine_model.model, prompt_tokens, 0)

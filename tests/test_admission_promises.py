@@ -13,6 +13,7 @@ import pytest
 
 from observe import registry as R
 from observe.record import RequestRecord
+from observe.stats import WallClock
 from serving.admission import Admission
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.load import LoadTracker, PrefillEnd
@@ -142,3 +143,29 @@ def test_a_booked_retry_that_never_comes_holds_nobody_past_its_deadline():
                                   deadline=time.monotonic() + 5.0)
         return time.monotonic() - booked_at
     assert 1.2 <= asyncio.run(scenario()) < 1.5  # released by time, at the retry's deadline
+
+
+def test_the_row_says_how_long_a_request_waited_in_front_of_the_engine():
+    """`admission_wait_s`: the hold of a document the promise keeper kept out until
+    the earlier prompt's first token (released here after 0.2 s), next to nothing for
+    a VIP that enters at once, and nothing at all for a request never admitted."""
+    async def scenario():
+        adm = _admission()
+        adm.ttft_target = lambda tokens: 5.0
+        first = await _earlier(adm, 0.45)
+        doc = RequestRecord("doc", time.monotonic(), "text_completion",
+                            priority=R.PRIORITY_BATCH)
+        task = asyncio.create_task(adm.admit(doc, {"prompt_token_ids": [1] * 400}, 400, 8))
+        await asyncio.sleep(0.2)
+        held = task.done()
+        first.chunk(400)
+        first.ended()
+        await asyncio.wait_for(task, 1.0)
+        vip = RequestRecord("vip", time.monotonic(), "text_completion", vip=True,
+                            priority=R.PRIORITY_REALTIME)
+        await adm.admit(vip, {"prompt_token_ids": [1] * 400}, 400, 8)
+        return held, doc.admission_wait_s, vip.admission_wait_s
+    held, doc_wait, vip_wait = asyncio.run(scenario())
+    assert not held and 0.2 <= doc_wait < 1.0
+    assert 0.0 <= vip_wait < 0.05
+    assert RequestRecord("r", 0.0, "text_completion").row(WallClock())["admission_wait_s"] is None

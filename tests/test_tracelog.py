@@ -48,7 +48,7 @@ FULL_REQUEST = {
     "predicted_ttft_p90_s": 0.5, "predicted_tpot_s": 0.015625, "predicted_tpot_p90_s": 0.03125,
     "predicted_e2e_s": 2.25, "predictor_version": "hgb-0123abcd", "vip": True,
     "client": "alice", "estimated_ttft_s": 0.125, "length_class_low": 300,
-    "length_class_high": 600,
+    "length_class_high": 600, "admission_wait_s": 0.0625,
 }
 
 
