@@ -23,7 +23,7 @@ Realtime requests pass each other the same way, by deadline: a document due in 1
 waits in front of the engine while chat prompts due in 0.2 s keep arriving and go
 first, and when they came all the while, it waited past its slack and was demoted
 (at 10x over 1.6 req/s on the AMX Xeon, 16 of 29 admitted realtime misses over five
-runs: 0.4-2.8 s in front). So the realtime lane keeps a stream too, of the realtime
+runs: 0.2-2.8 s in front). So the realtime lane keeps a stream too, of the realtime
 requests admitted, each with its target: one due `target_s` after arriving passes a
 newcomer with `left_s` to go if it arrives within `left_s - target_s`, so it counts
 over that horizon (VIPs, with no target given, over the whole time left).
