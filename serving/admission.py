@@ -10,7 +10,8 @@ Two points, because what is known grows on the way in:
   and the predicted drain time as Retry-After), its predicted latency, any injected
   fault, then the limiter: a concurrency limit and a prefill gate in front of the
   engine, VIP, realtime and batch lanes, earliest deadline first within each
-  (`serving.limiter`); the same order is its engine priority (`Admitted.priority`).
+  (`serving.limiter`); the same order is the request's engine priority
+  (`Admitted.priority`).
 Each decision lands in `policy_actions` (span and row); a refusal is a `Refusal`,
 which the HTTP layer answers (`serving.errors`); `publish()` takes the policy loop's decisions.
 """
@@ -54,7 +55,6 @@ class Admission:
         self.refused_deadline = 0  # requests refused by the deadline check (a counter)
         self.retries = RetryBook(max_retry_after_s=F.MAX_RETRY_AFTER_S)
         self.vips = VipStream()  # VIP prompts admitted lately: work ahead still to come
-        self.passing = VipStream()  # realtime ones, with their targets: those due earlier
         self.ahead = WorkAheadView(load, limiter, self.engine_model)
         limiter.kv_free = self.kv_free_tokens  # the VIP reserve's reading
         limiter.holds_back = self.holds_back
@@ -182,10 +182,8 @@ class Admission:
         expected = ahead = base.with_prefill(*booked)
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
-        else:  # VIPs coming before its deadline go ahead of it, realtime ones due before it too
+        else:  # VIPs coming before its deadline go ahead of it
             ahead = self.vips.ahead_of(ahead, deadline - now, now)
-            if lane == R.PRIORITY_REALTIME:
-                ahead = self.passing.ahead_of(ahead, deadline - now, now)
         check = F.judge(model, prompt_tokens, ahead,
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown,
@@ -194,8 +192,6 @@ class Admission:
         if d.deadline_margin is None and check.action != F.ADMIT:
             check = F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
         served = check.truncate_to if check.action == F.TRUNCATE else prompt_tokens
-        if lane == R.PRIORITY_REALTIME and check.action in (F.ADMIT, F.TRUNCATE):
-            self.passing.arrived(served, now, target)
         rec.ttft_expected_s = now - rec.arrival + F.first_token_s(model, served, expected)
         if check.action in (F.REFUSE, F.DEFER):
             return replace(check, retry_after_s=self.retries.book(

@@ -24,7 +24,6 @@ from slo.policy.decisions import Decisions
 from slo.policy.vip_stream import VipStream
 from slo.predict.calibration import MIN_SAMPLES, PRIOR_P50
 from slo.sim.engine_model import EngineModel, attention_pairs
-from slo.sim.lanes import LANE_VIP
 from slo.sim.request import SimRequest
 from slo.sim.simulation import Simulator
 
@@ -148,70 +147,3 @@ def test_the_calibration_learns_from_the_expected_ttft():
         rec.first_token, rec.ttft_expected_s, rec.ttft_estimate_s = 100.2, 0.1, 0.4
         service.on_request(rec)
     assert service.calibration.quantiles(0.1)[0] == pytest.approx(0.2)
-
-
-# --- realtime requests due before a newcomer (the same stream, with targets) ----------
-
-@pytest.mark.parametrize("case,arrivals,horizon,expected", [
-    ("a chat due 0.2 s after arriving passes a newcomer with 1.2 s left if it comes in "
-     "the first 1.0 s: a fifth of the window's", [(9.0, 1000, 0.2)], 1.2, (200, 0.2)),
-    ("a document due 1 s after arriving, 0.2 s of it", [(9.0, 2000, 1.0)], 1.2, (80, 0.04)),
-    ("both", [(9.0, 1000, 0.2), (9.5, 2000, 1.0)], 1.2, (280, None)),
-    ("due no sooner than the newcomer: never passes it", [(9.0, 1000, 0.5)], 0.5, (0, 0.0)),
-    ("a target of 0 is a VIP's: the whole time left", [(9.0, 1000, 0.0)], 0.5, (100, 0.1)),
-])
-def test_arrivals_count_over_the_time_left_less_their_target(case, arrivals, horizon,
-                                                           expected):
-    stream = VipStream()
-    for when, tokens, target in arrivals:
-        stream.arrived(tokens, when, target)
-    tokens, share = expected
-    got = stream.expected(horizon, 10.0)
-    assert got[0] == tokens, case
-    if share is not None:
-        assert got[1] == round(attention_pairs(0, arrivals[0][1]) * share), case
-
-
-def _judged_beside_chats(lane: str, chat_target_s: float) -> tuple[bool, int]:
-    """A realtime-key request of 10 tokens with 0.5 s to go, after 2,000,000 tokens of
-    realtime prompts admitted in the last 5 s, each due `chat_target_s` after it came;
-    whether it is refused, and how many arrivals the stream then holds."""
-    service = PredictionService(None, None, retrain_interval_s=0)
-    adm = Admission(LoadTracker(EngineSecond()), service, Limiter(8), FaultInjector(),
-                    lambda tokens: 0.5)
-    adm.engine_model.set_engine_limits(2048, kv_capacity_tokens=10_000_000)
-    adm.publish(Decisions(8, **DEADLINE))
-    now = time.monotonic()
-    for i in range(10):
-        adm.passing.arrived(200_000, now - 0.1 * i, chat_target_s)
-    rec = RequestRecord("r", now, "text_completion", priority=R.PRIORITY_BATCH
-                        if lane == R.PRIORITY_BATCH else R.PRIORITY_REALTIME)
-    rec.vip = lane == LANE_VIP
-    verdict = asyncio.run(adm.admit(rec, {"prompt_token_ids": [1] * 10}, 10, 4))
-    return isinstance(verdict, Refusal), len(adm.passing._arrivals)
-
-
-@pytest.mark.parametrize("lane,chat_target_s,refused,recorded", [
-    (R.PRIORITY_REALTIME, 0.2, True, 10),  # 120,000 tokens due before it: refused
-    (R.PRIORITY_REALTIME, 0.5, False, 11),  # due with it or after: admitted, and counted
-    (R.PRIORITY_BATCH, 0.2, False, 10),  # the batch lane's wait is not the realtime rule
-    (LANE_VIP, 0.2, False, 10),  # a VIP goes before them all
-])
-def test_realtime_requests_due_before_a_newcomer_are_work_ahead_of_it(
-        lane, chat_target_s, refused, recorded):
-    assert _judged_beside_chats(lane, chat_target_s) == (refused, recorded)
-
-
-def _simulated_beside_chats(chat_target_s: float) -> int:
-    model = EngineModel(0.01, 0.0, 2e-5, 1e-9, token_budget=2048,
-                        kv_capacity_tokens=10_000_000)
-    sim = Simulator(model, P.PolicyConfig())
-    sim.decisions = Decisions(8, **DEADLINE)
-    for _ in range(10):
-        sim.passing.arrived(200_000, sim.now, chat_target_s)
-    sim.arrive(SimRequest(0.0, 10, 4, priority=R.PRIORITY_REALTIME, target_s=0.5))
-    return sim.refused
-
-
-def test_the_simulator_counts_realtime_requests_due_before_as_the_server_does():
-    assert (_simulated_beside_chats(0.5), _simulated_beside_chats(0.2)) == (0, 1)

@@ -18,15 +18,6 @@ on time against 98.5% over the time left, and at 5x both stayed inside the sprea
 runs without either. The server (`serving.admission`) and the simulator
 (`slo.sim.simulation`) keep one each, fed as VIPs are admitted, and judge with the same
 `ahead_of`.
-
-Realtime requests pass each other the same way, by deadline: a document due in 1 s
-waits in front of the engine while chat prompts due in 0.2 s keep arriving and go
-first, and when they came all the while, it waited past its slack and was demoted
-(at 10x over 1.6 req/s on the AMX Xeon, 16 of 29 admitted realtime misses over five
-runs: 0.2-2.8 s in front). So the realtime lane keeps a stream too, of the realtime
-requests admitted, each with its target: one due `target_s` after arriving passes a
-newcomer with `left_s` to go if it arrives within `left_s - target_s`, so it counts
-over that horizon (VIPs, with no target given, over the whole time left).
 """
 
 from __future__ import annotations
@@ -44,37 +35,37 @@ WINDOW_S: Final = 5.0
 @dataclass(slots=True)
 class VipStream:
     window_s: float = WINDOW_S
-    _arrivals: deque = field(default_factory=deque)  # (when, prompt tokens, pairs, target)
+    _arrivals: deque = field(default_factory=deque)  # (when, prompt tokens, pairs)
+    _tokens: int = 0
+    _pairs: int = 0
 
     def __post_init__(self) -> None:
         if self.window_s <= 0:
             raise ValueError("window_s must be > 0")
 
-    def arrived(self, prompt_tokens: int, now: float, target_s: float = 0.0) -> None:
-        """A request was admitted with this many prompt tokens, its first token due
-        `target_s` after it came (VIPs: 0, they go before everyone)."""
-        self._arrivals.append((now, prompt_tokens, attention_pairs(0, prompt_tokens),
-                               target_s))
+    def arrived(self, prompt_tokens: int, now: float) -> None:
+        """A VIP request was admitted with this many prompt tokens."""
+        pairs = attention_pairs(0, prompt_tokens)
+        self._arrivals.append((now, prompt_tokens, pairs))
+        self._tokens += prompt_tokens
+        self._pairs += pairs
         self._forget(now)
 
     def expected(self, horizon_s: float, now: float) -> tuple[int, int]:
-        """Prompt tokens and attention pairs expected, at the recent rate, to arrive
-        due within the next `horizon_s` (0, 0 when none came lately): each arrival
-        counts over the horizon less its target (capped at ten windows)."""
+        """Prompt tokens and attention pairs of the VIPs expected in the next
+        `horizon_s` at the recent rate (0, 0 when none came lately)."""
         self._forget(now)
-        tokens = pairs = 0.0
-        for _, prompt, prompt_pairs, target in self._arrivals:
-            share = min(horizon_s - target, 10 * self.window_s) / self.window_s
-            if share > 0:
-                tokens += prompt * share
-                pairs += prompt_pairs * share
-        return round(tokens), round(pairs)
+        if not self._arrivals or horizon_s <= 0:
+            return 0, 0
+        share = min(horizon_s, 10 * self.window_s) / self.window_s
+        return round(self._tokens * share), round(self._pairs * share)
 
     def ahead_of(self, ahead: F.WorkAhead, left_s: float, now: float) -> F.WorkAhead:
-        """`ahead` plus the work expected to arrive due before a newcomer's deadline,
-        `left_s` away."""
+        """`ahead` plus the VIP work expected before a newcomer's deadline, `left_s` away."""
         return ahead.with_prefill(*self.expected(left_s, now))
 
     def _forget(self, now: float) -> None:
         while self._arrivals and self._arrivals[0][0] <= now - self.window_s:
-            self._arrivals.popleft()
+            _, tokens, pairs = self._arrivals.popleft()
+            self._tokens -= tokens
+            self._pairs -= pairs

@@ -5,12 +5,14 @@ and promise keeper, `slo.policy.promises`) in front of a continuous-batching eng
 request per step, vLLM's KV cache: a waiting prompt starts only when all of it fits
 what is free, blocks are taken chunk by chunk, the newest request is preempted when
 decodes outgrow it; with priority scheduling, tailguard's default, waiting prompts go
-in admission's order, lane then deadline, the victim the latest-due of the lowest
-lane), with the real `PolicyEngine` stepped once a simulated second on its signals.
+in admission's order, lane then deadline, and the victim is the latest-due of the
+lowest lane), with the real `PolicyEngine` stepped once per simulated second on the
+signals the server would have seen.
 
-Admission's deadline check is the server's (`feasibility.judge`, the same engine
-model and work ahead: its lane, the slot and KV waits from recent releases, the VIP
-and earlier-due realtime work to come, a step in progress at its arrival ahead).
+Admission's deadline check is the server's (`slo.policy.feasibility.judge` on the
+same engine model, work ahead in the request's lane, the slot wait from the recent
+release rate, the KV wait from the KV ending requests freed lately); a request
+arriving during a step is judged as on its arrival, the rest of that step ahead of it.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ class Simulator:
         self.now = 0.0
         self.busy = 0.0  # engine seconds in the current simulated second
         self.transitions: list[tuple[float, str]] = []
-        self.releases: deque[tuple[float, int]] = deque()  # (when one left, KV it held)
+        # when requests left the engine lately, and the KV tokens each held
+        self.releases: deque[tuple[float, int]] = deque()
         self.refused = 0  # by the deadline check since the last policy tick
-        self.vips, self.passing = VipStream(), VipStream()  # as admission's: work to come
+        self.vips = VipStream()  # as admission's: VIP work still to come
         self.kv_use_rate = 0.0
 
     # --- admission ---------------------------------------------------------------------
@@ -83,13 +86,12 @@ class Simulator:
         if req.target_s is not None and lane_of(req) == LANE_VIP:
             self.vips.arrived(req.prompt, self.now)
         if d.deadline_margin is not None and req.target_s is not None:
-            seen = req.arrival + self.model.overhead_s  # judged as on arrival, its step ahead
+            # judged as the server does on its arrival, the step it came during ahead
+            seen = req.arrival + self.model.overhead_s
             left = req.target_s - self.model.overhead_s
             ahead = self._work_ahead(req, self.now - seen)
             if lane_of(req) != LANE_VIP:
                 ahead = self.vips.ahead_of(ahead, left, self.now)
-            if lane_of(req) == R.PRIORITY_REALTIME:  # and realtime ones due before it
-                ahead = self.passing.ahead_of(ahead, left, self.now)
             ahead = replace(ahead, shares_steps=not self._holds_back(req))  # else waits
             check = F.judge(self.model, req.prompt, ahead, left, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
@@ -103,8 +105,6 @@ class Simulator:
             if check.action == F.TRUNCATE:
                 req.actions.append(f"truncate:{req.prompt}->{check.truncate_to}")
                 req.prompt = check.truncate_to
-            if check.action in (F.ADMIT, F.TRUNCATE) and lane_of(req) == R.PRIORITY_REALTIME:
-                self.passing.arrived(req.prompt, self.now, req.target_s)
             if check.action == F.BEST_EFFORT and req.priority == R.PRIORITY_REALTIME:
                 req.priority = R.PRIORITY_BATCH
                 req.actions.append("demote:unattainable")
