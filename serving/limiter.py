@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from slo.sim.engine_model import attention_pairs
-from slo.sim.lanes import LANES, enters_at_once, gate_fits, kv_fits
+from slo.sim.lanes import LANES, RELEASE_WINDOW_S, enters_at_once, gate_fits, kv_fits
+from slo.sim.lanes import slot_wait_s
 
-RELEASE_WINDOW_S = 10.0
 # How long entries are remembered for `entered_since`: far longer than any engine step.
 ENTRY_MEMORY_S: Final = 30.0
 
@@ -155,12 +155,8 @@ class Limiter:
             return 0.0
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])
-        ahead += self.in_flight - self._limit
-        now = time.monotonic() if now is None else now
-        self._forget_releases(now)
-        if not self._releases:
-            return float("inf")
-        return (ahead + 1) * RELEASE_WINDOW_S / len(self._releases)
+        self._forget_releases(time.monotonic() if now is None else now)
+        return slot_wait_s(ahead, self.in_flight - self._limit, len(self._releases))
 
     async def acquire(self, lane: str, timeout_s: float | None = None, tokens: int = 0,
                       deadline: float | None = None, rank: int = 0) -> None:

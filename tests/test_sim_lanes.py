@@ -18,6 +18,7 @@ from slo.sim.lanes import (
     gate_fits,
     kv_fits,
     kv_reserved_from,
+    slot_wait_s,
 )
 from slo.sim.request import SimRequest
 from slo.sim.simulation import Simulator
@@ -127,6 +128,17 @@ def test_the_simulated_slot_wait_counts_every_request_over_the_limit(limit, ahea
     sim.running = [waiter(0.0) for _ in range(6)]
     sim.releases.extend((19.0, 0) for _ in range(4))
     assert sim._slot_wait_s(ahead) == expected
+
+
+@pytest.mark.parametrize("ahead,over,releases,expected", [
+    (0, 0, 4, 2.5),  # its own release at one every 2.5 s
+    (2, 0, 4, 7.5),
+    (0, 3, 4, 10.0),  # those over the limit leave first
+    (1, -2, 5, 4.0),  # under the limit: nobody over it (the caller said no slot is free)
+    (0, 0, 0, float("inf")),  # nothing released lately
+])
+def test_the_shared_slot_wait_rule(ahead, over, releases, expected):
+    assert slot_wait_s(ahead, over, releases) == expected
 
 
 @pytest.mark.parametrize("lane, deadline, expected", [

@@ -23,6 +23,7 @@ from observe import registry as R
 
 LANE_VIP: Final = "vip"  # the limiter's lanes (serving.limiter, admission, the simulator), in the
 LANES: Final = (LANE_VIP, *R.PRIORITIES)  # order slots are handed out
+RELEASE_WINDOW_S: Final = 10.0  # how far back slot releases count toward the release rate
 
 
 def lane_of(req) -> str:
@@ -92,6 +93,17 @@ def kv_fits(kv_free: int, pending_tokens: int, tokens: int, reserve: int | None,
     if reserve is None or in_engine <= 0:
         return True
     return kv_free - pending_tokens - tokens >= reserve
+
+
+def slot_wait_s(ahead: int, over: int, releases: int) -> float:
+    """The slot wait's rule (serving.limiter's and the simulator's; each caller knows
+    when a slot is free and there is none): a release for each request over the limit
+    (VIPs enter past it; a cut), each of the `ahead` waiters served first and the
+    newcomer itself, at the rate of the `releases` within `RELEASE_WINDOW_S` (infinite
+    when nothing was released lately)."""
+    if not releases:
+        return float("inf")
+    return (ahead + 1 + max(0, over)) * RELEASE_WINDOW_S / releases
 
 
 def kv_reserved_from(lane: str, reserve: int | None) -> int:

@@ -31,6 +31,7 @@ from slo.sim import kv_cache
 from slo.sim.engine_model import EngineModel, attention_pairs
 from slo.sim.lanes import (
     LANE_VIP,
+    RELEASE_WINDOW_S,
     Lanes,
     deadline_of,
     engine_priority,
@@ -39,11 +40,11 @@ from slo.sim.lanes import (
     kv_fits,
     kv_reserved_from,
     lane_of,
+    slot_wait_s,
 )
 from slo.sim.request import REJECTED, SimRequest
 
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
-RELEASE_WINDOW_S = 10.0  # serving.limiter's: the release rate behind the slot wait
 
 
 class Simulator:
@@ -152,8 +153,7 @@ class Simulator:
         if over < 0 and not ahead:
             return 0.0
         self._forget_releases()
-        wait, releases = (ahead + 1 + max(0, over)) * RELEASE_WINDOW_S, len(self.releases)
-        return wait / releases if releases else float("inf")
+        return slot_wait_s(ahead, over, len(self.releases))
 
     def _forget_releases(self) -> None:
         while self.releases and self.releases[0][0] < self.now - RELEASE_WINDOW_S:
