@@ -194,9 +194,9 @@ def test_a_scheduled_retrain_keeps_a_model_within_the_goals_without_fitting(tmp_
     nothing is trained (the decision audited all the same); asked for (admin, drift),
     a candidate is fitted and judged as ever."""
     fits = []
-    real_train = prediction.train
-    monkeypatch.setattr(prediction, "train", lambda data: fits.append(data)
-                        or real_train(data))
+    real_fit = prediction.fit_apart
+    monkeypatch.setattr(prediction, "fit_apart", lambda data: fits.append(data)
+                        or real_fit(data))
     with TraceLog(tmp_path / "t.duckdb") as log:
         _requests(log, 600, start=_hour_ago())
         service = PredictionService(log, None)
@@ -217,9 +217,9 @@ def test_a_scheduled_retrain_keeps_a_model_within_the_goals_without_fitting(tmp_
 
 def test_the_held_out_requests_are_never_trained_on(tmp_path, monkeypatch):
     trained_on = []
-    real_train = prediction.train
-    monkeypatch.setattr(prediction, "train", lambda data: trained_on.append(data)
-                        or real_train(data))
+    real_fit = prediction.fit_apart
+    monkeypatch.setattr(prediction, "fit_apart", lambda data: trained_on.append(data)
+                        or real_fit(data))
     start = _hour_ago()
     with TraceLog(tmp_path / "t.duckdb") as log:
         _requests(log, 600, start=start)

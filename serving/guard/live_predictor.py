@@ -8,7 +8,8 @@ newest 20% (`slo.predict.accuracy.judge`); either way the decision is returned, 
 `describe()` and audited as a `policy_events` row. A scheduled retrain whose live model
 already meets the prediction goals on that newest 20% keeps it without fitting a
 candidate (`slo.predict.accuracy.within_goals`: a fit costs seconds of a core beside
-the engine, and could only edge it). A retrain comes early when the live
+the engine, and could only edge it). A candidate is fitted in a child process at
+the lowest CPU priority (`slo.predict.fit_process`). A retrain comes early when the live
 model drifts (`slo.predict.drift`: its TTFT p90 coverage falls under 80%). A request is
 predicted by one model or the other, never half of each.
 """
@@ -30,7 +31,8 @@ from slo.predict.accuracy import (GATE_EVENT, HOLDOUT_SHARE, Verdict, accuracy, 
 from slo.predict.calibration import QueueCalibration
 from slo.predict.drift import DriftWatch
 from slo.predict.features import TrainingSet, feature_vector, training_sql
-from slo.predict.model import MIN_ROWS, SeedModel, e2e_s, load_model, train
+from slo.predict.fit_process import fit_apart
+from slo.predict.model import MIN_ROWS, SeedModel, e2e_s, load_model
 
 QUEUE_VERSION = "engine-queue"  # TTFT from the live engine model's queue estimate
 
@@ -126,7 +128,7 @@ class PredictionService:
         if kept is not None:  # the schedule's fit would buy nothing: spare its CPU
             candidate, verdict = None, Verdict(False, kept, {}, scores(live_accuracy))
         else:
-            candidate = _fit(fit)
+            candidate = fit_apart(fit)
             verdict = judge(accuracy(candidate, holdout), live_accuracy)
         if verdict.accepted:
             if self.model_path:
@@ -175,9 +177,3 @@ class PredictionService:
         if self._periodic is not None:
             self._periodic.stop()
 
-
-def _fit(data: TrainingSet):
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(1):  # leave the other cores to serving
-        return train(data)
