@@ -28,16 +28,17 @@ SIDES = ("A", "B")
 IDLE_S = 10
 
 
-def serve(checkout: Path, tmp: Path, policies_off: bool = True):
+def serve(checkout: Path, tmp: Path, policies_off: bool = True,
+          extra_env: dict[str, str] | None = None):
     """`tailguard serve` from `checkout`'s packages (float32, its own trace log), ready;
     (url, process). `policies_off`: every degradation policy forced off, as a cost
-    comparison needs."""
+    comparison needs; `extra_env`: settings for this server."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "tailguard", "serve", "--port", str(port), "--db",
            str(tmp / "trace.duckdb"), "--", "--dtype", "float32"]
     env = dict(os.environ, TAILGUARD_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(checkout),
-               VLLM_CPU_KVCACHE_SPACE="1")
+               VLLM_CPU_KVCACHE_SPACE="1", **(extra_env or {}))
     here = os.getcwd()
     os.chdir(checkout)  # `python -m tailguard` imports the checkout's packages
     try:

@@ -2,10 +2,11 @@
 
 A fit of the four quantile models takes about 6 s of a core on a 2-vCPU machine. In
 the server's process it held the GIL against the event loop and took its core from the
-engine at full priority: the saturated batches that held one cost three times the
-server CPU a request of the others (docs/benchmarks.md, "What a retrain costs"). In
-a child at nice 19 the fit takes only the CPU that serving leaves, and the server
-process only waits on a pipe. The training set goes in on stdin and the fitted model
+engine at full priority: TTFT p99 rose from about 0.32 s to 0.38-0.48 s in the
+saturated batches that held one. In a child at nice 19 the fit takes only the CPU
+that serving leaves (the server process waits on a pipe), and those batches kept
+0.29-0.37 s; the fit takes 2-7.5x as long and 1.4 s more CPU, its import of scikit-learn
+(docs/benchmarks.md, "The fit in a process of its own"). The training set goes in on stdin and the fitted model
 comes back on stdout, both pickled: the child is always this module, run by the same
 interpreter from the same packages, never anything that reads outside data.
 
