@@ -25,9 +25,10 @@ Each round, each side in turn (the side that goes first alternates by round) tak
    tokens/s and requests/s;
 and for both, CPU seconds of the server process itself per completed request (utime +
 stime of its threads from /proc; the engine core is a child and not counted; the
-client's own set-up, a second or two while the server idles, is counted too); for
-tailguard, its event-loop lag over each run (its `/metrics` histogram, read before and
-after: the bound under which 99% and all of the run's samples fell).
+client's own set-up, a second or two while the server idles, is counted too); and for
+both, the event-loop lag over each run (tailguard's `/metrics` histogram, and the same
+monitor run in vLLM's loop by `vllm_lag_probe`; read before and after: the bound under
+which 99% and all of the run's samples fell).
 
 A warm-up round (both sides, short) is dropped. Every run prints one line; the report
 gives every round and the per-round tailguard/vLLM ratios' median [min-max].
@@ -50,6 +51,8 @@ from pathlib import Path
 
 from bench.common import command_line
 from bench.serving import vllm_client as C
+from bench.serving.vllm_lag_probe import PROBE_METRIC
+from observe import registry as R
 from serving.engine.allocator import find_tcmalloc
 from serving.engine.embedded_model import ensure_model
 from serving.engine.setup import cpu_dtype_flags, scheduling_flags
@@ -86,8 +89,9 @@ def start(cmd: list[str], url: str, log: Path, env: dict) -> subprocess.Popen:
 
 
 def vllm_command(model: str, port: int, engine_args: list[str]) -> list[str]:
-    """vLLM's own OpenAI server as its CPU guide runs it: eager, in-process executor."""
-    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+    """vLLM's own OpenAI server as its CPU guide runs it: eager, in-process executor;
+    with tailguard's event-loop lag probe on its loop (`vllm_lag_probe`)."""
+    return [sys.executable, "-m", "bench.serving.vllm_lag_probe", "--model", model,
             "--served-model-name", NAME, "--enforce-eager", "--port", str(port),
             "--host", "127.0.0.1", "--distributed-executor-backend", "uni",
             "--disable-uvicorn-access-log", *engine_args]
@@ -143,8 +147,9 @@ def stalls(url: str, prefix: str, latencies: list[float]) -> tuple[int, int]:
     return len(short), sum(e2e > STALL_E2E_S for _, e2e in short)
 
 
-def loop_lag_buckets(url: str) -> dict[float, float]:
-    """tailguard's event-loop lag histogram on /metrics: cumulative count per bound."""
+def loop_lag_buckets(url: str, metric: str = R.EVENT_LOOP_LAG.prom_name) -> dict[float, float]:
+    """A server's event-loop lag histogram on /metrics (tailguard's own, or vLLM's
+    probe): cumulative count per bound."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url + "/metrics", timeout=30) as resp:
@@ -152,7 +157,7 @@ def loop_lag_buckets(url: str) -> dict[float, float]:
     out: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "tailguard_event_loop_lag_seconds_bucket":
+            if s.name == metric + "_bucket":
                 out[float(s.labels["le"])] = s.value
     return out
 
@@ -169,12 +174,12 @@ def lag_quantile(before: dict, after: dict, q: float) -> float | None:
 def one(side: str, running: dict, work: C.Workload, seed: int, tag: str) -> dict:
     url, process = running[side]
     prefix = f"{tag}-{side}-"
-    lag_before = loop_lag_buckets(url) if side == "tailguard" else None
+    metric = R.EVENT_LOOP_LAG.prom_name if side == "tailguard" else PROBE_METRIC
+    lag_before = loop_lag_buckets(url, metric)
     out = C.run(url, process.pid, NAME, str(ensure_model()), work, seed, prefix)
-    if side == "tailguard":
-        lag_after = loop_lag_buckets(url)
-        out["lag_p99_le"] = lag_quantile(lag_before, lag_after, 0.99)
-        out["lag_max_le"] = lag_quantile(lag_before, lag_after, 1.0)
+    lag_after = loop_lag_buckets(url, metric)
+    out["lag_p99_le"] = lag_quantile(lag_before, lag_after, 0.99)
+    out["lag_max_le"] = lag_quantile(lag_before, lag_after, 1.0)
     if side == "tailguard" and work.name == "light":
         out["short"], out["stalled"] = stalls(url, prefix, out["latencies"])
     out.pop("latencies")
@@ -241,10 +246,11 @@ def report(rows: list[dict], args) -> None:
     stalled = sum(row["tailguard"]["light"]["stalled"] for row in rows)
     short = sum(row["tailguard"]["light"]["short"] for row in rows)
     for work in ("light", "saturate"):
-        p99 = [row["tailguard"][work]["lag_p99_le"] for row in rows]
-        worst = [row["tailguard"][work]["lag_max_le"] for row in rows]
-        print(f"tailguard event-loop lag, {work}: p99 at or under (histogram bound, s) "
-              f"per round {p99}; largest sample under {worst}")
+        for side in SIDES:
+            p99 = [row[side][work]["lag_p99_le"] for row in rows]
+            worst = [row[side][work]["lag_max_le"] for row in rows]
+            print(f"{side} event-loop lag, {work}: p99 at or under (histogram bound, s) "
+                  f"per round {p99}; largest sample under {worst}")
     print(f"\nfailed requests: {failed}; tailguard light-load stalls (engine phases < "
           f"{STALL_PHASES_S:g} s, client end to end > {STALL_E2E_S:g} s): {stalled} of "
           f"{short}")
