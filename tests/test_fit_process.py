@@ -4,6 +4,7 @@ model as a fit in process, at nice 19, and a failure that names itself."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def _children_nice(parent: int) -> dict[int, int]:
 
 def test_the_fit_runs_at_the_lowest_priority():
     seen: dict[int, int] = {}
-    fit = threading.Thread(target=fit_apart, args=(synthetic(4000),))
+    fit = threading.Thread(target=fit_apart, args=(synthetic(400),))
     fit.start()
     while fit.is_alive():
         seen.update(_children_nice(os.getpid()))
@@ -63,3 +64,35 @@ def test_a_fit_past_its_time_is_stopped():
     assert time.monotonic() - started < 5
     time.sleep(0.1)
     assert _children_nice(os.getpid()) == {}  # killed, not left running
+
+
+def test_a_fit_killed_midway_is_a_failed_fit():
+    """An operator's `kill -9` (or the OOM killer) on the child: the retrain fails with
+    the reason, nothing hangs."""
+    failure: list[BaseException] = []
+
+    def fit() -> None:
+        try:
+            fit_apart(synthetic(4000))
+        except FitFailed as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=fit)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (children := _children_nice(os.getpid())) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for pid in children:
+        os.kill(pid, 9)
+    thread.join(30)
+    assert children and not thread.is_alive()
+    assert len(failure) == 1 and "the fitting process exited with -9" in str(failure[0])
+
+
+def test_an_answer_that_is_not_a_model_is_a_failed_fit(tmp_path, monkeypatch):
+    impostor = tmp_path / "python"
+    impostor.write_text("#!/bin/sh\ncat > /dev/null\necho 'not a pickle'\n")
+    impostor.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(impostor))
+    with pytest.raises(FitFailed, match="answer is not a model"):
+        fit_apart(synthetic(MIN_ROWS))

@@ -5,10 +5,11 @@ the server's process it held the GIL against the event loop and took its core fr
 engine at full priority: TTFT p99 rose from about 0.32 s to 0.38-0.48 s in the
 saturated batches that held one. In a child at nice 19 the fit takes only the CPU
 that serving leaves (the server process waits on a pipe), and those batches kept
-0.29-0.37 s; the fit takes 2-7.5x as long and 1.4 s more CPU, its import of scikit-learn
-(docs/benchmarks.md, "The fit in a process of its own"). The training set goes in on stdin and the fitted model
-comes back on stdout, both pickled: the child is always this module, run by the same
-interpreter from the same packages, never anything that reads outside data.
+0.29-0.37 s; the fit takes 2-7.5x as long and 1.4 s more CPU, its import of
+scikit-learn (docs/benchmarks.md, "The fit in a process of its own"). The training set
+goes in on stdin and the fitted model comes back on stdout, both pickled: the child is
+always this module, run by the same interpreter from the same packages, never anything
+that reads outside data.
 
     python -m slo.predict.fit_process < training-set.pickle > model.pickle
 """
@@ -47,7 +48,10 @@ def fit_apart(data: TrainingSet, timeout_s: float = DEFAULT_TIMEOUT_S) -> Latenc
     if done.returncode != 0:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise FitFailed(f"the fitting process exited with {done.returncode}: {tail[0]}")
-    model = pickle.loads(done.stdout)
+    try:
+        model = pickle.loads(done.stdout)
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise FitFailed(f"the fitting process's answer is not a model: {exc}") from exc
     if not isinstance(model, LatencyModel):
         raise FitFailed(f"the fitting process returned a {type(model).__name__}")
     return model
