@@ -64,6 +64,7 @@ OTEL_METRIC_EXPORT_INTERVAL: Final = "OTEL_METRIC_EXPORT_INTERVAL"  # millisecon
 VLLM_WORKER_MULTIPROC_METHOD: Final = "VLLM_WORKER_MULTIPROC_METHOD"  # spawn: fork server
 VLLM_CPU_KVCACHE_SPACE: Final = "VLLM_CPU_KVCACHE_SPACE"  # GiB; defaulted to 1
 TORCH_COMPILE_DISABLE: Final = "TORCH_COMPILE_DISABLE"  # defaulted to 1 with --enforce-eager
+PYTHONPATH: Final = "PYTHONPATH"  # the latency model's fit process: our packages first
 ONEDNN_PRIMITIVE_CACHE_CAPACITY: Final = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"  # defaulted to 0
 LD_PRELOAD: Final = "LD_PRELOAD"  # tcmalloc goes first
 

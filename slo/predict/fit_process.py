@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from observe import settings
 from slo.predict.features import TrainingSet
 from slo.predict.model import LatencyModel, train
 
@@ -38,8 +39,8 @@ class FitFailed(RuntimeError):
 def fit_apart(data: TrainingSet, timeout_s: float = DEFAULT_TIMEOUT_S) -> LatencyModel:
     """`train(data)` in a child process at nice 19 on one thread; the fitted model.
     FitFailed when the child fails, is killed or runs past `timeout_s` (then killed)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, (str(PACKAGES_ROOT), os.environ.get("PYTHONPATH")))))
+    env = settings.child_environ({settings.PYTHONPATH: os.pathsep.join(
+        filter(None, (str(PACKAGES_ROOT), settings.get(settings.PYTHONPATH))))})
     try:
         done = subprocess.run([sys.executable, "-m", __name__], input=pickle.dumps(data),
                               capture_output=True, timeout=timeout_s, env=env, check=False)
