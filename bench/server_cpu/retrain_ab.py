@@ -34,13 +34,6 @@ BATCH = 320
 MAX_FIT_BATCHES = 12
 
 
-def children_cpu_s(pid: int) -> float:
-    """cutime + cstime: the CPU of the server's children it has waited for."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / C.CLOCK_TICKS
-
-
 def retrain_in_background(url: str) -> dict:
     """Ask for a latency retrain on a thread; the dict gets `wall_s` and `answer`."""
     out: dict = {}
@@ -72,7 +65,7 @@ def one_server(checkout: Path, tmp: Path, seed: int, rows: int) -> dict:
     url, server = serve(checkout, tmp, extra_env={"TAILGUARD_RETRAIN_S": "0"})
     model = str(ensure_model())
     try:
-        children = children_cpu_s(server.pid)
+        children = C.children_cpu_s(server.pid)
         C.run(url, server.pid, NAME, model, C.saturate(16, rows), seed, "rows-")
         batches = [batch(url, server.pid, model, seed + 97, "b0-", False)]
         fit = retrain_in_background(url)
@@ -85,7 +78,7 @@ def one_server(checkout: Path, tmp: Path, seed: int, rows: int) -> dict:
         batches.append(batch(url, server.pid, model, seed + 98, "by-", False))
         return {"batches": batches, "fit_wall_s": fit["wall_s"],
                 "trained": fit["answer"].get("trained"),
-                "children_cpu_s": children_cpu_s(server.pid) - children}
+                "children_cpu_s": C.children_cpu_s(server.pid) - children}
     finally:
         server.terminate()
         server.wait()

@@ -15,7 +15,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from bench.server_cpu.retrain_ab import children_cpu_s
 from bench.server_cpu.thread_cpu import command
 from bench.serving import vllm_client as C
 from bench.serving.vs_vllm import NAME, _free_port, force_policies_off, start
@@ -40,11 +39,11 @@ def main() -> None:
             force_policies_off(url)
             model = str(ensure_model())
             for i in range(args.batches):
-                before, children = C.process_cpu_s(server.pid), children_cpu_s(server.pid)
+                before, children = C.process_cpu_s(server.pid), C.children_cpu_s(server.pid)
                 done = C.run(url, server.pid, NAME, model, C.saturate(16, BATCH), i,
                              f"b{i}-")["completed"]
                 spent = C.process_cpu_s(server.pid) - before
-                apart = children_cpu_s(server.pid) - children
+                apart = C.children_cpu_s(server.pid) - children
                 print(f"batch {i}: {1000 * spent / done:.2f} ms of CPU a request, "
                       f"{1000 * apart / done:.2f} in reaped children", flush=True)
         finally:

@@ -48,12 +48,19 @@ def process_cpu_s(pid: int) -> float:
     return stat_cpu_s(f"/proc/{pid}/stat")
 
 
-def stat_cpu_s(path: str) -> float:
+def children_cpu_s(pid: int) -> float:
+    """cutime + cstime: the CPU of the process's children it has waited for."""
+    return stat_cpu_s(f"/proc/{pid}/stat", reaped_children=True)
+
+
+def stat_cpu_s(path: str, reaped_children: bool = False) -> float:
     """utime + stime from a /proc stat file: a process's, or one thread's
-    (/proc/PID/task/TID/stat). OSError when it has gone."""
+    (/proc/PID/task/TID/stat); cutime + cstime with `reaped_children`. OSError when
+    it has gone."""
     with open(path) as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    first = 13 if reaped_children else 11  # after ")": utime is field 11, cutime 13
+    return (int(fields[first]) + int(fields[first + 1])) / CLOCK_TICKS
 
 
 def client_args(url: str, model: str, tokenizer: str, work: Workload, seed: int,
