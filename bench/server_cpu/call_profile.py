@@ -33,6 +33,7 @@ from serving.engine.embedded_model import ensure_model
 from serving.engine.setup import cpu_dtype_flags, scheduling_flags
 
 PROFILER = Path(__file__).with_name("main_thread_profiler.py")
+ROOT = Path(__file__).resolve().parents[2]
 ENGINE_FLAGS = ["--dtype", "float32"]
 
 
@@ -42,8 +43,11 @@ def profile(side: str, tmp: Path, requests: int) -> Path:
     url, out = f"http://127.0.0.1:{port}", tmp / f"{side}.prof"
     flags = [*ENGINE_FLAGS, *cpu_dtype_flags(ENGINE_FLAGS), *scheduling_flags(ENGINE_FLAGS)]
     # tcmalloc preloaded here, so tailguard does not re-exec itself without the profiler
+    # The profiler runs as a script, so the checkout's root (where `bench` lives, the
+    # vLLM side's lag probe) is put on the path.
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", PROFILE_OUT=str(out),
-               LD_PRELOAD=find_tcmalloc(), TAILGUARD_ADMIN_TOKEN=TOKEN)
+               LD_PRELOAD=find_tcmalloc(), TAILGUARD_ADMIN_TOKEN=TOKEN,
+               PYTHONPATH=str(ROOT))
     if side == "vllm":
         module_args = vllm_command(model, port, flags)[2:]
     else:
