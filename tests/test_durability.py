@@ -44,9 +44,11 @@ MARGIN_S = 1.5  # a row is durable (in the spool) this long after its response c
 # An engine second (one engine_stats row a second) is durable this long after it
 # closed: the flush interval, the row's own second, the margin.
 ENGINE_SECOND_DURABLE_S = FLUSH_S + 1.0 + MARGIN_S
-# Long enough to judge the engine seconds, and for rows to sit both in DuckDB (loaded
-# every ten flushes) and in the spool when the kill comes.
+# Long enough to judge the engine seconds, and for rows to sit both in DuckDB and in the
+# spool when the kill comes: the load (every sixty flushes, and before any read) is
+# asked for by a reader's flush after LOADED_S.
 LOAD_S = 10 * FLUSH_S + 5.0
+LOADED_S = 10 * FLUSH_S
 CLIENTS = 4
 FS_SIZE = "64M"
 
@@ -272,7 +274,9 @@ def killed(small_fs) -> Killed:
     try:
         for thread in threads:
             thread.start()
-        time.sleep(LOAD_S)
+        time.sleep(LOADED_S)
+        _flush(server)  # what a reader does: the rows so far into DuckDB
+        time.sleep(LOAD_S - LOADED_S)
         tree = _descendants(server.process.pid) | {server.process.pid}
         killed_at, killed_wall = time.monotonic(), time.time()
         left = _kill_group(server)
@@ -288,6 +292,7 @@ def killed(small_fs) -> Killed:
         in_duckdb = conn.execute("SELECT count(*) FROM requests").fetchall()[0][0]
     # The rows of the last flushes are in the spool: the CLI's read (a writer's open)
     # loads them into the file.
+    assert in_duckdb > 0  # the reader's flush put the first ten seconds' rows there
     assert query_file(db, "SELECT count(*) FROM requests").rows[0][0] >= in_duckdb
     # ...and leaves no frame in it. An empty spool may stay: a kill just after a load
     # emptied it (the CI's run once did) leaves a 0-byte file, which a reader must not

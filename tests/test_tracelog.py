@@ -169,7 +169,7 @@ def test_the_background_thread_flushes_within_the_interval(monkeypatch):
     monkeypatch.delenv(FLUSH_INTERVAL_ENV, raising=False)
     with TraceLog() as log:
         assert log.config.flush_interval_s == 1.0
-        assert log.config.load_interval_s == 10.0  # into DuckDB every ten flushes
+        assert log.config.load_interval_s == 60.0  # into DuckDB every sixty flushes
     with TraceLog(flush_interval_s=0.02) as log:
         log.add("requests", {"request_id": "a"})
         assert log.stats()["rows_written"]["requests"] == 0
@@ -190,7 +190,7 @@ def test_flushes_spool_the_rows_and_loads_put_them_into_duckdb(db_path):
     interval (an INSERT's fixed cost, once a second, was most of a light server's
     trace-log CPU), before any read, and at an explicit flush."""
     with TraceLog(flush_interval_s=0.05) as log:
-        assert log.config.load_interval_s == pytest.approx(0.5)
+        assert log.config.load_interval_s == pytest.approx(3.0)  # sixty flushes
     with TraceLog(db_path, flush_interval_s=0.02, load_interval_s=3600) as log:
         log.add("engine_stats", {"ts": 1.7e9, "running": 1})
         log.add("requests", {"request_id": "a"})

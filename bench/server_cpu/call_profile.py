@@ -119,9 +119,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=320)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep the two stats files (vllm.prof, tailguard.prof) in this "
+                         "folder, for pstats")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {side: per_request(profile(side, Path(tmp), args.requests), args.requests)
+        folder = args.keep or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        sides = {side: per_request(profile(side, folder, args.requests), args.requests)
                  for side in ("vllm", "tailguard")}
     report(sides, args.top)
 

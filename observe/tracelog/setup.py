@@ -16,7 +16,11 @@ from observe.schema import TableSpec, create_schema
 from observe.settings import TAILGUARD_TRACE_FLUSH_S, TAILGUARD_TRACE_MEMORY
 
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
-LOAD_FLUSHES: Final = 10  # spooled rows go into DuckDB once every this many flushes
+# Spooled rows go into DuckDB once every this many flushes (and before any read). An
+# INSERT's fixed cost (2-5 ms a table) every ten seconds was a fifth of a lightly loaded
+# server's CPU beyond vLLM's own server (docs/benchmarks.md, "The trace-log load once a
+# minute"); the spool keeps the rows durable meanwhile, and a reader loads them first.
+LOAD_FLUSHES: Final = 60
 # DuckDB's default memory limit is 80% of RAM, and its buffer cache keeps the blocks
 # of a growing file: the server's RSS grew with the trace log (+25 MiB in a 10-minute
 # soak, without end). Cached blocks above the limit are evicted; big queries spill.

@@ -2,7 +2,7 @@
 rows become durable. One `write` and one `fdatasync` of Arrow IPC frames costs about a
 tenth of the CPU of a DuckDB INSERT, which costs 2-5 ms whatever its size
 (`python -m bench.tracelog.spool_cost`). The writer moves spooled rows into DuckDB
-every load interval (ten flushes), before any read and at close, then drops them from
+every load interval (sixty flushes), before any read and at close, then drops them from
 the spool (observe/tracelog/store.py). A flush of `max_buffer_rows` or more (a writer
 behind) goes into DuckDB at once instead, whose commit then makes it durable.
 

@@ -4,7 +4,7 @@
 I/O), so the server may call it from the asyncio loop. A daemon thread turns those
 lists into Arrow batches every `flush_interval_s` (sooner when a table's buffer
 fills) and appends them to the spool beside the file, where they are durable; every
-`load_interval_s` (ten flushes), before any read and at close it inserts them into
+`load_interval_s` (sixty flushes), before any read and at close it inserts them into
 DuckDB, one INSERT per table (observe/tracelog/store.py). An INSERT costs DuckDB 2-5
 ms of CPU whatever its size, a spool append a tenth of that: an INSERT a second was
 most of a lightly loaded server's trace-log cost. A reader sees every row of every
