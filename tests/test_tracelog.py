@@ -25,7 +25,7 @@ from observe.schema import REQUESTS, TABLES, create_schema
 from observe.settings import TAILGUARD_TRACE_FLUSH_S as FLUSH_INTERVAL_ENV
 from observe.settings import TAILGUARD_TRACE_MEMORY as MEMORY_LIMIT_ENV
 from observe.tracelog import TraceLog
-from observe.tracelog.setup import DEFAULT_MEMORY_LIMIT, TraceLogConfig
+from observe.tracelog.setup import DEFAULT_MEMORY_LIMIT, LOAD_ROWS, TraceLogConfig
 
 UTC = timezone.utc
 ARRIVAL = datetime(2025, 3, 4, 5, 6, 7, 890123, tzinfo=UTC)
@@ -213,6 +213,20 @@ def test_flushes_spool_the_rows_and_loads_put_them_into_duckdb(db_path):
         wait_until(lambda: log.stats()["rows_written"]["forecasts"] == 1, timeout_s=10)
     with pytest.raises(ValueError, match="load_interval_s must be > 0"):
         TraceLogConfig(flush_interval_s=1.0, load_interval_s=0)
+
+
+def test_rows_waiting_past_load_rows_are_loaded_before_the_interval(db_path):
+    """A busy server's minute of rows is loaded once `LOAD_ROWS` wait: a bounded load
+    and bounded memory, and never the flush that skips the spool (`max_buffer_rows`)."""
+    with TraceLog(db_path, flush_interval_s=0.05, load_interval_s=3600) as log:
+        for i in range(LOAD_ROWS - 1):
+            log.add("spans", {"span_id": str(i)})
+        wait_until(lambda: log.stats()["rows_spooled"]["spans"] == LOAD_ROWS - 1,
+                   timeout_s=10)
+        assert log.stats()["rows_written"]["spans"] == 0  # one row short: kept
+        log.add("spans", {"span_id": "last"})
+        wait_until(lambda: log.stats()["rows_written"]["spans"] == LOAD_ROWS, timeout_s=10)
+        assert log.stats()["rows_spooled"] == counts()
 
 
 def test_flush_interval_comes_from_argument_then_environment_then_default(monkeypatch):

@@ -21,6 +21,9 @@ DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 # server's CPU beyond vLLM's own server (docs/benchmarks.md, "The trace-log load once a
 # minute"); the spool keeps the rows durable meanwhile, and a reader loads them first.
 LOAD_FLUSHES: Final = 60
+# ...or sooner, once this many rows wait for it: a busy server's minute stays a bounded
+# load (and memory), well under `max_buffer_rows`, past which a flush skips the spool.
+LOAD_ROWS: Final = 20_000
 # DuckDB's default memory limit is 80% of RAM, and its buffer cache keeps the blocks
 # of a growing file: the server's RSS grew with the trace log (+25 MiB in a 10-minute
 # soak, without end). Cached blocks above the limit are evicted; big queries spill.

@@ -4,18 +4,16 @@
 I/O), so the server may call it from the asyncio loop. A daemon thread turns those
 lists into Arrow batches every `flush_interval_s` (sooner when a table's buffer
 fills) and appends them to the spool beside the file, where they are durable; every
-`load_interval_s` (sixty flushes), before any read and at close it inserts them into
-DuckDB, one INSERT per table (observe/tracelog/store.py). An INSERT costs DuckDB 2-5
-ms of CPU whatever its size, a spool append a tenth of that: an INSERT a second was
-most of a lightly loaded server's trace-log cost. A reader sees every row of every
-completed flush; `flush()` puts everything into DuckDB now. In memory the batches
-wait for the load. The writer never raises a write failure into `add()`.
+`load_interval_s` (sixty flushes) or once `LOAD_ROWS` wait, before any read and at
+close, another inserts them into DuckDB, one INSERT per table (store.py): 2-5 ms of
+CPU whatever its size, a spool append a tenth of that. A reader sees every row of every
+completed flush; `flush()` puts everything into DuckDB now. The writer never raises a
+write failure into `add()`.
 
-Rows not in DuckDB count against `max_pending_rows`: once it is reached `add()` drops
-the *new* rows, so what survives a long outage is its oldest rows. `dropped` counts
-only rows lost for good: refused by `add()`, refused by DuckDB for their content, or
-neither in DuckDB nor in the spool at `close()`. The configuration and how the file
-is opened: observe/tracelog/setup.py.
+Rows not in DuckDB count against `max_pending_rows`: past it `add()` drops the *new*
+rows, so a long outage keeps its oldest. `dropped` counts rows lost for good: refused
+by `add()`, refused by DuckDB for their content, or neither in DuckDB nor in the spool
+at `close()`. The configuration and how the file is opened: setup.py.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ import duckdb
 
 from observe.query import QueryError, QueryResult, fetch_rows, run_read_only
 from observe.schema import TABLES, TableSpec, arrow_batches, warm_up_conversion
-from observe.tracelog.setup import TraceLogConfig, open_writer
+from observe.tracelog.setup import LOAD_ROWS, TraceLogConfig, open_writer
 from observe.tracelog.store import FrameStore
 
 # Rows per Arrow conversion call: the flush thread holds the GIL inside each call,
@@ -143,6 +141,8 @@ class TraceLog:
             ok = True
         else:
             ok = self._store.spool_new()
+            if ok and self._store.rows() >= LOAD_ROWS:  # due before its interval
+                self._load_wake.set()
         with self._lock:
             if taken:
                 self._flushes += 1
