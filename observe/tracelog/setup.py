@@ -17,7 +17,7 @@ from observe.settings import TAILGUARD_TRACE_FLUSH_S, TAILGUARD_TRACE_MEMORY
 
 DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 # Spooled rows go into DuckDB once every this many flushes (and before any read). An
-# INSERT's fixed cost (2-5 ms a table) every ten seconds was a fifth of a lightly loaded
+# INSERT's fixed cost (2-5 ms a table) every ten seconds was about a quarter of a light
 # server's CPU beyond vLLM's own server (docs/benchmarks.md, "The trace-log load once a
 # minute"); the spool keeps the rows durable meanwhile, and a reader loads them first.
 LOAD_FLUSHES: Final = 60
