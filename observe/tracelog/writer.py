@@ -133,7 +133,7 @@ class TraceLog:
         leaves them to the load instead (caller holds _flush_lock)."""
         self._flush_began = started = time.monotonic()
         taken = self._take_buffers()
-        behind = self._store.rows() >= self.config.max_buffer_rows
+        behind = (waiting := self._store.rows()) >= self.config.max_buffer_rows
         if behind:
             # Behind (bulk rows): DuckDB takes them next and its commit makes them
             # durable; spooling them first doubled such a flush's time.
@@ -141,7 +141,7 @@ class TraceLog:
             ok = True
         else:
             ok = self._store.spool_new()
-            if ok and self._store.rows() >= LOAD_ROWS:  # due before its interval
+            if ok and waiting >= LOAD_ROWS:  # due before its interval
                 self._load_wake.set()
         with self._lock:
             if taken:
