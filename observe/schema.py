@@ -208,8 +208,13 @@ def _column_array(values: list, sql_type: str, arrow_type: pa.DataType) -> pa.Ar
     if sql_type == "TIMESTAMPTZ":
         return _timestamp_array(values)
     if sql_type == "JSON":  # serialized here, off the event loop
-        values = [v if v is None or isinstance(v, str) else _to_json(v) for v in values]
+        values = [json_text(v) for v in values]
     return _safe_array(values, arrow_type)
+
+
+def json_text(value: Any) -> str | None:
+    """A JSON column's value as stored: a string as given, anything else serialised."""
+    return value if value is None or isinstance(value, str) else _to_json(value)
 
 
 def _timestamp_array(values: list) -> pa.Array:

@@ -1,10 +1,12 @@
-"""Rows on their way into DuckDB: converted frames, the spool that makes them durable
-and the load that inserts them (the writer's two threads drive it: one spools, one loads,
+"""Rows on their way into DuckDB: frames, the spool that makes them durable and the
+load that inserts them (the writer's two threads drive it: one spools, one loads,
 observe/tracelog/writer.py).
 
-A frame is one table's rows of one flush, as Arrow batches. It is appended to the spool
-at once and inserted into DuckDB at the next load, one INSERT per table for every frame
-waiting. A load runs beside the spooling (a DuckDB checkpoint may take seconds; the
+A frame is one table's rows of one flush: a small one as the column lists it was
+buffered in (a row frame, spooled as JSON: rowframe.py), a large one as Arrow batches.
+It is appended to the spool at once and inserted into DuckDB at the next load, one
+INSERT per table for every frame waiting; the load first converts all of a table's
+row frames in one conversion per column. A load runs beside the spooling (a DuckDB checkpoint may take seconds; the
 spool must not wait for it): it inserts the frames there were when it began, then drops
 them from the spool, keeping the frames spooled meanwhile. Rows the spool cannot take
 (disk full, file too large) stay in memory and go first next time; rows DuckDB cannot
@@ -17,15 +19,21 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
 from typing import Callable, Final
 
 import duckdb
 import pyarrow as pa
 
-from observe.schema import TABLES, TableSpec
+from observe.schema import TABLES, TableSpec, arrow_batches, arrow_table
+from observe.tracelog.rowframe import ROW_FRAME_MAX_ROWS, encode_rows
 from observe.tracelog.setup import BATCH_VIEW, DEFAULT_MEMORY_LIMIT, insert_sql, open_writer
-from observe.tracelog.spool import Spool, log, spool_path, unloaded_frames
+from observe.tracelog.spool import Payload, Spool, log, spool_path, unloaded_frames
+
+# Rows per Arrow conversion call: the thread converting holds the GIL inside each call,
+# so this bounds how long it can stall the event loop (~2 ms for timestamps).
+CONVERT_CHUNK_ROWS: Final = 8192
 
 # What a retry may cure (IOException, TransactionException on commit, OutOfMemory...);
 # anything else (a value DuckDB refuses) would fail the same way every time.
@@ -36,10 +44,18 @@ Count = Callable[[str, int], None]
 @dataclass(slots=True, eq=False)
 class Frame:
     spec: TableSpec
-    batches: list[pa.RecordBatch]
+    batches: list[pa.RecordBatch]  # empty while a row frame
     rows: int
     spooled: bool = False
     spool_at: int = 0  # where in the spool its append began (once spooled)
+    columns: dict[str, list] | None = field(default=None, repr=False)  # a row frame's
+
+
+def row_frame(spec: TableSpec, columns: dict[str, list], rows: int) -> Frame:
+    """A flush's rows of one table as a frame: kept as they are when few, else Arrow."""
+    if rows <= ROW_FRAME_MAX_ROWS:
+        return Frame(spec, [], rows, columns=columns)
+    return Frame(spec, list(arrow_batches(spec, columns, rows, CONVERT_CHUNK_ROWS)), rows)
 
 
 def load_spool(db_path: str) -> None:
@@ -70,6 +86,7 @@ class FrameStore:
         self._insert_sql = {name: insert_sql(spec) for name, spec in TABLES.items()}
         self._failing: set[str] = set()  # "spool", "load": one log line a failure streak
         self._lock = threading.Lock()  # the frame list and the spool file
+        self._spool_lock = threading.Lock()  # one spooler at a time (it encodes unlocked)
         self.frames: list[Frame] = []
         self.spool: Spool | None = None
         if (path := spool_path(db_path)) is not None:
@@ -91,9 +108,11 @@ class FrameStore:
                 spooled[frame.spec.name] += frame.rows
         self.spooled = spooled  # one assignment: stats() reads it from other threads
 
-    def add(self, spec: TableSpec, batches: list[pa.RecordBatch], rows: int) -> None:
+    def add(self, spec: TableSpec, columns: dict[str, list], rows: int) -> None:
+        """One flush's rows of `spec`'s table, as column lists (no longer mutated)."""
+        frame = row_frame(spec, columns, rows)
         with self._lock:
-            self.frames.append(Frame(spec, batches, rows))
+            self.frames.append(frame)
 
     def spool_new(self) -> bool:
         """Append every frame not in the spool yet; False when the spool refused them."""
@@ -104,13 +123,29 @@ class FrameStore:
             self.writing_since = None
 
     def _spool_new(self) -> bool:
-        with self._lock:
-            fresh = [frame for frame in self.frames if not frame.spooled]
+        with self._spool_lock:
+            with self._lock:
+                fresh = [frame for frame in self.frames if not frame.spooled]
             if self.spool is None or not fresh:
                 return True
+            payloads = [(frame.spec.name, self._payload(frame)) for frame in fresh]
+            return self._append(fresh, payloads)
+
+    def _payload(self, frame: Frame) -> Payload:
+        """What the spool holds of a frame: a row frame's JSON, else its batches; a row
+        frame with a value JSON cannot hold is converted to Arrow here."""
+        if (columns := frame.columns) is not None:
+            try:
+                return encode_rows(frame.spec, columns)
+            except (TypeError, ValueError):
+                self._to_arrow(frame.spec, [frame])
+        return frame.batches
+
+    def _append(self, fresh: list[Frame], payloads: list[tuple[str, Payload]]) -> bool:
+        with self._lock:
             at = self.spool.size
             try:
-                self.spool.append((frame.spec.name, frame.batches) for frame in fresh)
+                self.spool.append(payloads)
             except OSError as exc:  # disk full, file too large: keep the rows in memory
                 self._failure("spool", exc, "keeping rows in memory until it recovers")
                 return False
@@ -147,9 +182,28 @@ class FrameStore:
                 for frame in kept:
                     frame.spool_at -= cut
 
+    def _to_arrow(self, spec: TableSpec, frames: list[Frame]) -> None:
+        """The row frames among `frames` into Arrow, in one conversion per column: each
+        keeps its slice of the result (no copy) and lets its lists go, so that rows a
+        failing load keeps wait as Arrow."""
+        # (frame, its lists) taken at once: the other thread may convert it meanwhile
+        waiting = [(frame, columns) for frame in frames if (columns := frame.columns)]
+        if not waiting:
+            return
+        merged = {name: list(chain.from_iterable(columns[name] for _, columns in waiting))
+                  for name in spec.column_names}
+        table = arrow_table(spec, merged, sum(frame.rows for frame, _ in waiting),
+                            CONVERT_CHUNK_ROWS)
+        at = 0
+        with self._lock:
+            for frame, _ in waiting:  # batches first: a spooler reading unlocked sees one
+                frame.batches = table.slice(at, frame.rows).to_batches()
+                frame.columns, at = None, at + frame.rows
+
     def _load_table(self, spec: TableSpec, frames: list[Frame]) -> bool:
         """Insert `frames` in one transaction; False when they are kept for a retry."""
         rows = sum(frame.rows for frame in frames)
+        self._to_arrow(spec, frames)
         try:
             self._insert(spec, [batch for frame in frames for batch in frame.batches])
         except _RETRYABLE as exc:  # disk full, file too large, read-only: keep the rows

@@ -1,9 +1,10 @@
 """The trace-log writer: rows in from the event loop, Arrow batches out to DuckDB.
 
 `add()` only appends to per-table column lists under a lock (a few microseconds, no
-I/O), so the server may call it from the asyncio loop. A daemon thread turns those
-lists into Arrow batches every `flush_interval_s` (sooner when a table's buffer
-fills) and appends them to the spool beside the file, where they are durable; every
+I/O), so the server may call it from the asyncio loop. A daemon thread takes those
+lists every `flush_interval_s` (sooner when a table's buffer fills) and appends them
+to the spool beside the file, where they are durable (a few rows as JSON, many as
+Arrow batches: store.py); every
 `load_interval_s` (sixty flushes) or once `LOAD_ROWS` wait, before any read and at
 close, another inserts them into DuckDB, one INSERT per table (store.py): 2-5 ms of
 CPU whatever its size, a spool append a tenth of that. A reader sees every row of every
@@ -23,18 +24,16 @@ import threading
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Final, TypeVar
+from typing import Any, Callable, TypeVar
 
 import duckdb
 
 from observe.query import QueryError, QueryResult, fetch_rows, run_read_only
-from observe.schema import TABLES, TableSpec, arrow_batches, warm_up_conversion
+from observe.schema import TABLES, TableSpec, warm_up_conversion
 from observe.tracelog.setup import LOAD_ROWS, TraceLogConfig, open_writer
-from observe.tracelog.store import FrameStore
+from observe.tracelog.store import CONVERT_CHUNK_ROWS, FrameStore
 
-# Rows per Arrow conversion call: the flush thread holds the GIL inside each call,
-# so this bounds how long it can stall the event loop (~2 ms for timestamps).
-CONVERT_CHUNK_ROWS: Final = 8192
+__all__ = ["CONVERT_CHUNK_ROWS", "TraceLog"]
 T = TypeVar("T")
 
 log = logging.getLogger("observe.tracelog")
@@ -170,8 +169,7 @@ class TraceLog:
             with self._lock:
                 columns, rows = buffer.take()
             if rows:
-                self._store.add(buffer.spec, list(arrow_batches(
-                    buffer.spec, columns, rows, CONVERT_CHUNK_ROWS)), rows)
+                self._store.add(buffer.spec, columns, rows)
                 taken += rows
         return taken
 
