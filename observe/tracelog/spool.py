@@ -1,6 +1,7 @@
 """The spool (`<file>.spool`, beside the DuckDB file as its WAL is): where a flush's
-rows become durable. One `write` and one `fdatasync` of Arrow IPC frames costs about a
-tenth of the CPU of a DuckDB INSERT, which costs 2-5 ms whatever its size
+rows become durable. One `write` and one `fdatasync` of frames (a row frame's JSON,
+rowframe.py, or an Arrow IPC stream) costs about a tenth of the CPU of a DuckDB INSERT,
+which costs 2-5 ms whatever its size
 (`python -m bench.tracelog.spool_cost`). The writer moves spooled rows into DuckDB
 every load interval (sixty flushes), before any read and at close, then drops them from
 the spool (observe/tracelog/store.py). A flush of `max_buffer_rows` or more (a writer
@@ -10,7 +11,8 @@ A writer that opens a file whose spool still holds frames (a kill -9, a power cu
 loads them first. Each frame went into DuckDB in one INSERT, so a frame whose first
 row is already in its table (by the table's key) was loaded before the crash and is
 skipped: nothing is lost and nothing is written twice. A frame cut short by the crash
-was never a completed flush and is not there.
+was never a completed flush and is not there; nor is anything after a frame that does
+not decode (a damaged file), where the read stops.
 """
 
 from __future__ import annotations

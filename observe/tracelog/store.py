@@ -6,13 +6,14 @@ A frame is one table's rows of one flush: a small one as the column lists it was
 buffered in (a row frame, spooled as JSON: rowframe.py), a large one as Arrow batches.
 It is appended to the spool at once and inserted into DuckDB at the next load, one
 INSERT per table for every frame waiting; the load first converts all of a table's
-row frames in one conversion per column. A load runs beside the spooling (a DuckDB checkpoint may take seconds; the
-spool must not wait for it): it inserts the frames there were when it began, then drops
-them from the spool, keeping the frames spooled meanwhile. Rows the spool cannot take
-(disk full, file too large) stay in memory and go first next time; rows DuckDB cannot
-take stay too (in the spool as well, if it took them). One INSERT is one DuckDB
-transaction: a failed one leaves no row behind and a retry duplicates nothing. A frame
-DuckDB refuses for its content is dropped alone; the frames beside it go in.
+row frames in one conversion per column. A load runs beside the spooling (a DuckDB
+checkpoint may take seconds; the spool must not wait for it): it inserts the frames
+there were when it began, then drops them from the spool, keeping the frames spooled
+meanwhile. Rows the spool cannot take (disk full, file too large) stay in memory and
+go first next time; rows DuckDB cannot take stay too (in the spool as well, if it took
+them), as Arrow. One INSERT is one DuckDB transaction: a failed one leaves no row
+behind and a retry duplicates nothing. A frame DuckDB refuses for its content is
+dropped alone; the frames beside it go in.
 """
 
 from __future__ import annotations
