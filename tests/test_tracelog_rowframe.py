@@ -92,7 +92,8 @@ def test_a_value_json_cannot_hold_goes_as_arrow_and_only_its_cell_is_null(db_pat
 
 @pytest.mark.parametrize("payload", [
     b"{not json", b"[1, 2]", b'{"request_id": "r"}', b'{"request_id": ["a", "b"], '
-    b'"prompt_tokens": [1]}'], ids=["torn", "not-an-object", "not-lists", "ragged"])
+    b'"prompt_tokens": [1]}', b'{"request_id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"],
+    ids=["torn", "not-an-object", "not-lists", "ragged", "nested-past-the-limit"])
 def test_a_row_frame_that_is_not_one_ends_the_read_there(db_path, payload):
     TraceLog(db_path).close()
     spool = Spool(db_path + ".spool")

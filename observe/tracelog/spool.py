@@ -185,8 +185,8 @@ def read_spool(path: str) -> list[tuple[str, pa.Table]]:
         name = data[start:start + name_len].decode(errors="replace")
         try:
             table = _decode(name, rows_frame, data[start + name_len:at])
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, ValueError):
-            break
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OSError, ValueError, RecursionError):
+            break  # RecursionError: JSON nested past Python's limit (a hostile file)
         frames.append((name, table))
     return frames
 
