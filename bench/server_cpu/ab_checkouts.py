@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.serving import vllm_client as C
-from bench.serving.vs_vllm import NAME, TOKEN, _free_port, force_policies_off, start
+from bench.serving.vs_vllm import NAME, TOKEN, _free_port, force_policies_off, settle, start
 from serving.engine.embedded_model import ensure_model
 
 SIDES = ("A", "B")
@@ -58,8 +58,9 @@ def one_round(url: str, pid: int, seed: int, tag: str, idle_s: float = IDLE_S,
     out = {"idle": 1000 * (C.process_cpu_s(pid) - cpu) / idle_s}
     if idle_only:
         return out
-    out["light"] = C.run(url, pid, NAME, model, C.light(1.0, 30), seed, f"{tag}l-")["cpu_ms"]
-    sat = C.run(url, pid, NAME, model, C.saturate(16, 160), seed, f"{tag}s-")
+    out["light"] = C.run(url, pid, NAME, model, C.light(1.0, 30), seed, f"{tag}l-",
+                         settle(url))["cpu_ms"]
+    sat = C.run(url, pid, NAME, model, C.saturate(16, 160), seed, f"{tag}s-", settle(url))
     out["saturate"], out["tok_s"] = sat["cpu_ms"], sat["output_tok_s"]
     return out
 

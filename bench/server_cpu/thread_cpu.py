@@ -27,6 +27,7 @@ from bench.serving.vs_vllm import (
     TOKEN,
     _free_port,
     force_policies_off,
+    settle,
     start,
     vllm_command,
 )
@@ -85,7 +86,8 @@ def measure(side: str, work: str) -> tuple[dict[int, float], float, int]:
                 time.sleep(30)
                 completed = 30
             else:
-                completed = C.run(url, server.pid, NAME, model, run, 1, "run-")["completed"]
+                completed = C.run(url, server.pid, NAME, model, run, 1, "run-",
+                                  settle(url) if side == "tailguard" else None)["completed"]
             after = thread_cpu(server.pid)
             process = C.process_cpu_s(server.pid) - process
             names = thread_names(server.pid)

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -85,14 +86,18 @@ def client_args(url: str, model: str, tokenizer: str, work: Workload, seed: int,
 
 
 def run(url: str, pid: int, model: str, tokenizer: str, work: Workload, seed: int,
-        prefix: str) -> dict:
-    """One run of vLLM's client; the server process's CPU seconds around it."""
+        prefix: str, settle: Callable[[], object] | None = None) -> dict:
+    """One run of vLLM's client; the server process's CPU seconds around it, `settle()`
+    included: work the server defers past the run (tailguard's trace-log load, once a
+    minute) is done inside the count instead of in a later run's, or in none."""
     from vllm.benchmarks.serve import main_async
 
     args = client_args(url, model, tokenizer, work, seed, prefix)
     cpu = process_cpu_s(pid)
     with contextlib.redirect_stdout(io.StringIO()):  # its report: we print our own
         result = asyncio.run(main_async(args))
+    if settle is not None:
+        settle()
     cpu = process_cpu_s(pid) - cpu
     completed = result["completed"]
     return {

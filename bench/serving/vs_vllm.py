@@ -25,7 +25,9 @@ Each round, each side in turn (the side that goes first alternates by round) tak
    tokens/s and requests/s;
 and for both, CPU seconds of the server process itself per completed request (utime +
 stime of its threads from /proc; the engine core is a child and not counted; the
-client's own set-up, a second or two while the server idles, is counted too); and for
+client's own set-up, a second or two while the server idles, is counted too; and on
+tailguard a `POST /admin/flush` after the run, so that the run's rows are loaded into
+DuckDB inside its count rather than by the once-a-minute load in another run); and for
 both, the event-loop lag over each run (tailguard's `/metrics` histogram, and the same
 monitor run in vLLM's loop by `vllm_lag_probe`; read before and after: the bound under
 which 99% and all of the run's samples fell).
@@ -130,6 +132,12 @@ def admin(url: str, path: str, body: dict | None = None, method: str = "POST") -
         return json.loads(resp.read())
 
 
+def settle(url: str):
+    """What a run's CPU count ends with on tailguard: `POST /admin/flush`, every row of
+    the run in DuckDB (the load otherwise comes once a minute, in whichever run)."""
+    return lambda: admin(url, "/admin/flush")
+
+
 def force_policies_off(url: str) -> None:
     for name in POLICIES:
         admin(url, f"/admin/policies/{name}", {"mode": "force_off", "reason": "vs_vllm"}, "PUT")
@@ -176,7 +184,8 @@ def one(side: str, running: dict, work: C.Workload, seed: int, tag: str) -> dict
     prefix = f"{tag}-{side}-"
     metric = R.EVENT_LOOP_LAG.prom_name if side == "tailguard" else PROBE_METRIC
     lag_before = loop_lag_buckets(url, metric)
-    out = C.run(url, process.pid, NAME, str(ensure_model()), work, seed, prefix)
+    out = C.run(url, process.pid, NAME, str(ensure_model()), work, seed, prefix,
+                settle=settle(url) if side == "tailguard" else None)
     lag_after = loop_lag_buckets(url, metric)
     out["lag_p99_le"] = lag_quantile(lag_before, lag_after, 0.99)
     out["lag_max_le"] = lag_quantile(lag_before, lag_after, 1.0)
