@@ -4,10 +4,9 @@
 I/O), so the server may call it from the asyncio loop. A daemon thread takes those
 lists every `flush_interval_s` (sooner when a table's buffer fills) and appends them
 to the spool beside the file, where they are durable (a few rows as JSON, many as
-Arrow batches: store.py); every
-`load_interval_s` (sixty flushes) or once `LOAD_ROWS` wait, before any read and at
-close, another inserts them into DuckDB, one INSERT per table (store.py): 2-5 ms of
-CPU whatever its size, a spool append a tenth of that. A reader sees every row of every
+Arrow batches: store.py); every `load_interval_s` (sixty flushes) or once `LOAD_ROWS`
+wait, before any read and at close, another inserts them into DuckDB, one INSERT per
+table (store.py): 2-5 ms of CPU whatever its size, a spool append a tenth of that. A reader sees every row of every
 completed flush; `flush()` puts everything into DuckDB now. The writer never raises a
 write failure into `add()`.
 
