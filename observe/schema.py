@@ -183,10 +183,18 @@ def arrow_batches(spec: TableSpec, columns: dict[str, list], rows: int,
         for (name, sql_type), arrow_field in zip(spec.columns, spec.arrow_schema):
             arrays.append(_column_array(columns[name][start:start + chunk_rows], sql_type,
                                         arrow_field.type))
-            if time.perf_counter() - held_since >= GIL_SLICE_S:
-                time.sleep(0)
-                held_since = time.perf_counter()
+            held_since = hand_gil_on(held_since)
         yield pa.RecordBatch.from_arrays(arrays, schema=spec.arrow_schema)
+
+
+def hand_gil_on(held_since: float) -> float:
+    """Between two pieces of GIL-holding work begun at `held_since` (perf_counter): once
+    they have held it for GIL_SLICE_S, sleep(0) hands it to a waiting thread at once.
+    Returns when the holding now began."""
+    if time.perf_counter() - held_since < GIL_SLICE_S:
+        return held_since
+    time.sleep(0)
+    return time.perf_counter()
 
 
 def warm_up_conversion() -> None:

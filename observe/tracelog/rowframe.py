@@ -24,7 +24,7 @@ from typing import Final
 
 import pyarrow as pa
 
-from observe.schema import GIL_SLICE_S, TableSpec, arrow_table, json_text
+from observe.schema import TableSpec, arrow_table, hand_gil_on, json_text
 
 # Above this a flush converts to Arrow at once: its conversion is warm work anyway, and
 # a JSON encoding of one column holds the GIL (bounded here to about a millisecond).
@@ -43,17 +43,15 @@ _encode: Final = json.JSONEncoder(default=_epoch_seconds, separators=(",", ":"))
 
 def encode_rows(spec: TableSpec, columns: dict[str, list]) -> bytes:
     """A row frame's payload, `{"column": [values], ...}`. Raises TypeError or ValueError
-    for a value JSON cannot hold. Hands the GIL on (sleep(0)) once a stretch of columns
-    has held it for GIL_SLICE_S, as the Arrow conversion does."""
+    for a value JSON cannot hold. Hands the GIL on between columns, as the Arrow
+    conversion does (`hand_gil_on`)."""
     parts, held_since = [], time.perf_counter()
     for name, sql_type in spec.columns:
         values = columns[name]
         if sql_type == "JSON":
             values = [json_text(v) for v in values]
         parts.append(f"{_encode(name)}:{_encode(values)}")
-        if time.perf_counter() - held_since >= GIL_SLICE_S:
-            time.sleep(0)
-            held_since = time.perf_counter()
+        held_since = hand_gil_on(held_since)
     return ("{" + ",".join(parts) + "}").encode()
 
 
