@@ -141,11 +141,10 @@ def encode_frames(frames: Iterable[tuple[str, Payload]]) -> pa.Buffer | bytes:
     first (no copy) and then written in place once. A growing buffer and the copies to
     bytes cost four times as much: 2.4 s against 0.55 s for a million `requests` rows.
     Row frames alone are joined as bytes: no Arrow code wakes for a quiet second."""
-    frames = list(frames)
+    frames = [(name.encode(), payload) for name, payload in frames]
     if all(isinstance(payload, bytes) for _, payload in frames):
-        return b"".join(_FRAME.pack(len(name := table.encode()) | _ROW_FRAME, len(payload))
-                        + name + payload for table, payload in frames)
-    sized = [(name.encode(), payload, len(payload) if isinstance(payload, bytes)
+        return b"".join(_row_frame(name, payload) for name, payload in frames)
+    sized = [(name, payload, len(payload) if isinstance(payload, bytes)
               else _stream(pa.MockOutputStream(), payload).size())
              for name, payload in frames]
     buffer = pa.allocate_buffer(sum(_FRAME.size + len(name) + size
@@ -153,11 +152,15 @@ def encode_frames(frames: Iterable[tuple[str, Payload]]) -> pa.Buffer | bytes:
     out = pa.FixedSizeBufferWriter(buffer)
     for name, payload, size in sized:
         if isinstance(payload, bytes):
-            out.write(_FRAME.pack(len(name) | _ROW_FRAME, size) + name + payload)
+            out.write(_row_frame(name, payload))
         else:
             out.write(_FRAME.pack(len(name), size) + name)
             _stream(out, payload)
     return buffer
+
+
+def _row_frame(name: bytes, payload: bytes) -> bytes:
+    return _FRAME.pack(len(name) | _ROW_FRAME, len(payload)) + name + payload
 
 
 def _stream(sink, batches: list[pa.RecordBatch]):
