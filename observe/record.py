@@ -102,6 +102,10 @@ class RequestRecord:
     # counts VIPs over the whole time left, on purpose too many): the latency
     # prediction's input, and what its calibration learns from.
     ttft_expected_s: float | None = None
+    # Its engine part (from arrival: the check's time plus the steps it estimated), for
+    # a request judged with nothing ahead of it: its TTFT less this is the overhead
+    # after the check that the live engine model learns (`LiveEngineModel.on_request`).
+    engine_ttft_s: float | None = None
     queued_at: float | None = None  # monotonic, admission began (before any slot wait)
     # Seconds it waited in front of the engine (the limiter: a slot, the prefill gate,
     # a promise kept to a prompt due earlier): the part of queue_s that is tailguard's

@@ -193,6 +193,8 @@ class Admission:
             check = F.Feasibility(F.ADMIT, check.ttft_s, check.left_s)
         served = check.truncate_to if check.action == F.TRUNCATE else prompt_tokens
         rec.ttft_expected_s = now - rec.arrival + F.first_token_s(model, served, expected)
+        if d.slowdown == 1.0 and F.alone(expected, served):  # what calibrates the overhead
+            rec.engine_ttft_s = rec.ttft_expected_s - model.overhead_s
         if check.action in (F.REFUSE, F.DEFER):
             return replace(check, retry_after_s=self.retries.book(
                 rec.client, prompt_tokens, now,

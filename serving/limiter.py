@@ -35,14 +35,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
 
 from slo.sim.engine_model import attention_pairs
 from slo.sim.lanes import LANES, RELEASE_WINDOW_S, enters_at_once, gate_fits, kv_fits
 from slo.sim.lanes import slot_wait_s
 
-# How long entries are remembered for `entered_since`: far longer than any engine step.
-ENTRY_MEMORY_S: Final = 30.0
 
 
 class LimiterTimeout(Exception):
@@ -90,7 +87,6 @@ class Limiter:
         self._seq = itertools.count()
         self._releases: deque[tuple[float, int]] = deque()  # (when, KV tokens freed)
         self._released_kv = 0  # their sum
-        self._entries: deque[tuple[float, int]] = deque()  # (when, prompt tokens)
         self._timer: tuple[float, asyncio.TimerHandle] | None = None  # `wake_at`'s
 
     @property
@@ -131,20 +127,23 @@ class Limiter:
 
     def waiting_work(self, through_lane: str | None = None, deadline: float = float("inf"),
                      rank: int = 0) -> tuple[int, int, int]:
-        """Prompt tokens waiting in the lanes before `through_lane` and in it those
-        ordered before a newcomer of that `rank` due by `deadline` (all lanes and all
-        waiters when None): what is served before it; their attention pairs (fresh
-        prompts: `attention_pairs(0, tokens)` each); how many prompts."""
+        """Prompt tokens of `waiting_prompts`: what is served before a newcomer; their
+        attention pairs (fresh prompts: `attention_pairs(0, tokens)` each); how many."""
+        prompts = self.waiting_prompts(through_lane, deadline, rank)
+        return sum(prompts), sum(attention_pairs(0, tokens) for tokens in prompts), len(prompts)
+
+    def waiting_prompts(self, through_lane: str | None = None, deadline: float = float("inf"),
+                        rank: int = 0) -> list[int]:
+        """The prompts (their tokens) waiting in the lanes before `through_lane` and in
+        it those ordered before a newcomer of that `rank` due by `deadline` (all lanes
+        and all waiters when None), in the order they will enter the engine."""
         end = len(LANES) if through_lane is None else LANES.index(through_lane) + 1
-        tokens = pairs = prompts = 0
+        prompts = []
         for lane in LANES[:end]:
             last = through_lane is not None and lane == LANES[end - 1]
-            for w in self._lanes[lane]:
-                if not last or (w.rank, w.deadline) <= (rank, deadline):
-                    tokens += w.tokens
-                    pairs += attention_pairs(0, w.tokens)
-                    prompts += 1
-        return tokens, pairs, prompts
+            prompts += [w.tokens for w in sorted(self._lanes[lane])
+                        if not last or (w.rank, w.deadline) <= (rank, deadline)]
+        return prompts
 
     def slot_wait_s(self, lane: str, now: float | None = None) -> float:
         """Expected wait for a slot for a newcomer in `lane`: none for a VIP or while a
@@ -230,23 +229,6 @@ class Limiter:
         self.in_flight += 1
         self.engine_prefill_tokens += tokens
         self.engine_prefill_prompts += tokens > 0
-        now = time.monotonic()
-        self._entries.append((now, tokens))
-        while self._entries[0][0] < now - ENTRY_MEMORY_S:
-            self._entries.popleft()
-
-    def entered_since(self, since: float) -> tuple[int, int, int]:
-        """Prompt tokens that entered the engine after monotonic time `since` (within
-        the last ENTRY_MEMORY_S): not yet in a step that began before then; their
-        attention pairs; how many prompts."""
-        total = pairs = prompts = 0
-        for when, tokens in reversed(self._entries):
-            if when <= since:
-                break
-            total += tokens
-            pairs += attention_pairs(0, tokens)
-            prompts += tokens > 0
-        return total, pairs, prompts
 
     def _forget(self, lane: str, waiter: _Waiter) -> None:
         heap = self._lanes[lane]

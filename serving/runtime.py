@@ -125,6 +125,7 @@ class Runtime:
         self.quota = SequenceQuota(config.max_sequences, config.max_client_sequences)
         self.observer.listeners.append(self.quota.release)
         self.engine_model = LiveEngineModel()  # calibrated by every step, warm-up's too
+        self.observer.listeners.append(self.engine_model.on_request)  # and the overhead
         self.admission = Admission(self.load, self.predictor, self.guard.limiter, self.faults,
                                    self.observer.judge.ttft_target, self.engine_model)
         self.forecast = ForecastService(self.tracelog, config.forecaster_path,

@@ -24,6 +24,7 @@ from serving.guard.verdicts import Refusal
 from serving.limiter import Limiter, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
+from slo.policy.playout import Prompt
 from slo.sim.engine_model import attention_pairs
 from slo.sim.lanes import LANE_PRIORITY_STEP, LANE_VIP, LANES, engine_priority
 
@@ -100,13 +101,27 @@ def _queue(adm: Admission, tokens: int) -> None:
 
 
 def _ahead(model, queued: int) -> F.WorkAhead:
-    """One fresh prompt of `queued` tokens in an engine with no step seen yet: half its
-    step in progress, whose chunk (and its share of the prompt's attention pairs) is no
-    longer work ahead after it."""
-    pairs = attention_pairs(0, queued)
-    step = F.step_in_progress(model, 0, queued, None, pairs)
-    return F.WorkAhead(queued - step.chunk, 0, step.remaining_s, 0.0, pairs - step.chunk_pairs,
-                       kv_free_tokens=model.kv_capacity_tokens - step.chunk)
+    """`queued` prompt tokens the load tracker counts in the engine but no prompt there
+    accounts for (`_queue`): one fresh prompt ahead, no step in progress (the engine
+    holds none of it)."""
+    return F.WorkAhead(queued, 0, 0.0, 0.0, attention_pairs(0, queued), int(queued > 0),
+                       kv_free_tokens=model.kv_capacity_tokens,
+                       queue=(Prompt(queued, 0, 0, False),) if queued else ())
+
+
+@pytest.mark.parametrize("queued,sample", [(0, True), (5000, False)])
+def test_a_request_judged_with_nothing_ahead_is_a_sample_of_the_overhead(queued, sample):
+    """Its TTFT less the estimate's engine part is what a request spends after the check
+    outside the steps (`LiveEngineModel.on_request`): kept only when no prompt was
+    ahead of it, so the sample holds no error of the queue's estimate."""
+    adm = _admission(Decisions(8, **DEADLINE), 5.0)
+    _queue(adm, queued)
+    rec = _record()
+    rec.arrival = time.monotonic()
+    asyncio.run(adm.admit(rec, _prompt(10), 10, 4))
+    overhead = adm.engine_model.model.overhead_s
+    assert rec.engine_ttft_s == (pytest.approx(rec.ttft_expected_s - overhead) if sample
+                                 else None)
 
 
 @pytest.mark.parametrize("priority,vip,queued,target_s,outcome", [
@@ -281,14 +296,15 @@ def test_a_newcomer_passes_the_prompts_waiting_in_the_engine_that_are_due_after_
         work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
                               priority=newcomer)
         prefills[1].ended()  # B has its first token: nobody passes it any more
-        return work, adm.load.passed_by(1000)
+        return work, adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0),
+                                    time.monotonic(), priority=1000)
 
     work, later = asyncio.run(scenario())
     assert work.prefill_tokens == 200 + 300 + 500 - sum(passed)
     assert work.prompts == 3 - len(passed)
     assert work.prefill_pairs == attention_pairs(200, 200) + sum(
         attention_pairs(0, t) for t in (300, 500) if t not in passed)
-    assert later == (500, attention_pairs(0, 500), 1)
+    assert later.queue == (Prompt(200, 200, 0, True),)  # A alone: C passed, B done
 
 
 def test_the_kv_of_running_requests_due_after_a_newcomer_counts_as_preemptable():
@@ -342,7 +358,6 @@ def test_the_step_in_progress_holds_the_prompts_that_entered_before_it_began(
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
         now = time.monotonic()
         adm.limiter._enter(600)
-        adm.limiter._entries[-1] = (now - entered_s_ago, 600)
         adm.load._second.on_scheduler(running, 0, 0.1)
         adm.engine_model.last_step_end = 0.0 if since_step_s is None else now - since_step_s
         adm.load.admit(600)  # it has no first token yet
@@ -368,7 +383,7 @@ def test_a_newcomer_passes_no_prompt_the_step_in_progress_started():
     reports said."""
     async def scenario():
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
-        adm.load._second.on_scheduler(1, 0, 0.1)  # one decode running
+        adm.load._second.on_scheduler(2, 0, 0.1)  # one decode and A running
         loop, prefills = asyncio.get_running_loop(), []
         for tokens, priority in ((400, 0), (3000, 2000), (500, 5000)):
             await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
@@ -384,10 +399,9 @@ def test_a_newcomer_passes_no_prompt_the_step_in_progress_started():
         return adm.engine_model.model, work
 
     model, work = asyncio.run(scenario())
-    chunk = F.in_progress_chunk(model, 1, 100 + 3000 + 500, 3)
-    assert 100 < chunk < 100 + 3000  # A's rest and part of B
-    assert work.prefill_tokens == 100 + 3000 + 500 - chunk - 500
-    assert work.prompts == 2
+    chunk = model.token_budget - 1  # beside the decode: A's rest and part of B
+    assert work.prefill_tokens == 100 + 3000 - chunk
+    assert work.queue == (Prompt(100 + 3000 - chunk, chunk - 100, 0, True),)  # B, started
 
 
 def test_an_admitted_prompt_stands_at_the_prefill_gate_until_its_first_token():

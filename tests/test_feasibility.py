@@ -119,30 +119,6 @@ def test_retry_after_is_capped_and_whole():
     assert F.retry_after_s(MODEL, ahead(tokens=20_000)) == 3  # 2.2 s -> 3
 
 
-@pytest.mark.parametrize("running,tokens,expected_s", [
-    (0, 0, 0.0),  # idle: no step in progress
-    (10, 0, 0.5 * (0.01 + 0.0001 * 10)),  # decodes only
-    (0, 500, 0.5 * 0.06),  # a 500-token prefill chunk
-    (200, 5000, 0.5 * 0.11),  # decodes and a chunk fill the budget
-])
-def test_the_step_in_progress_is_half_the_step_the_engine_is_taking(running, tokens,
-                                                                    expected_s):
-    assert F.step_in_progress(MODEL, running, tokens).remaining_s == pytest.approx(expected_s)
-
-
-@pytest.mark.parametrize("since_s,expected_s", [
-    (0.0, 0.06),  # the step began as the last one ended: all of it is left
-    (0.02, 0.04),
-    (0.059, 0.001),
-    (0.061, 0.03),  # overdue (or a later step not yet reported): phase unknown, half
-    (5.0, 0.03),  # the engine was idle until this work came: half
-    (None, 0.03),  # no step seen yet
-])
-def test_the_step_in_progress_is_what_is_left_of_it_since_the_last_step_ended(
-        since_s, expected_s):
-    assert F.step_in_progress(MODEL, 0, 500, since_s).remaining_s == pytest.approx(expected_s)
-
-
 # The same engine with attention: 10 ns per attention pair (a chunk of n tokens after c
 # computed holds c*n + n(n+1)/2 pairs). A 1,000-token prompt alone: 500,500 pairs, 5 ms.
 ATTENDING = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.0001,
@@ -173,14 +149,6 @@ def test_a_part_of_the_prompts_ahead_takes_its_share_of_their_pairs(pairs, token
     assert F.share_of_pairs(pairs, tokens, part) == share
 
 
-def test_the_step_in_progress_charges_its_chunks_share_of_the_pairs():
-    # the engine holds the 1,500-token rest of a document, 4.5M pairs; a step takes
-    # 1,000 of its tokens (two thirds: 3M pairs): 10 + 100 + 30 ms, half of it unknown
-    step = 0.01 + 0.1 + 1e-8 * 3_000_000
-    assert F.step_in_progress(ATTENDING, 0, 1500, None, 4_500_000) == \
-        F.StepInProgress(1000, 3_000_000, pytest.approx(step / 2))
-
-
 # The first engine under a per-request chunk cap of 250 tokens (vLLM's
 # long_prefill_token_threshold): each prompt gets at most 250 tokens a step while
 # another request is in the engine.
@@ -204,19 +172,6 @@ CAPPED = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.00
 def test_under_a_chunk_cap_a_prompt_is_prefilled_beside_those_ahead(prompt, work,
                                                                      expected_s):
     assert F.first_token_s(CAPPED, prompt, work) == pytest.approx(expected_s)
-
-
-@pytest.mark.parametrize("running,tokens,prompts,chunk", [
-    (0, 2500, 1, 1000),  # one prompt alone: no cap, the whole budget
-    (0, 2500, 2, 500),  # two prompts: 250 each
-    (10, 2500, 1, 250),  # beside decodes the cap holds
-    (0, 2500, 8, 1000),  # eight prompts: the budget is the bound
-    (0, 300, 3, 300),  # less left than three chunks
-])
-def test_under_a_chunk_cap_the_step_in_progress_holds_a_chunk_of_each_prompt(
-        running, tokens, prompts, chunk):
-    assert F.in_progress_chunk(CAPPED, running, tokens, prompts) == chunk
-    assert F.in_progress_chunk(MODEL, running, tokens, prompts) == min(1000 - running, tokens)
 
 
 # vLLM's adaptive cap (long_prefill_token_threshold_adaptive): never below the budget's
@@ -244,8 +199,6 @@ def test_beside_one_decode_the_adaptive_cap_prefills_a_prompt_in_one_step():
         0.02 + 0.01 + 0.0001 * 501)
     assert F.first_token_s(CAPPED, 500, one_decode) == pytest.approx(
         0.02 + 2 * 0.01 + 0.0001 * 502)  # two chunks of 250, a decode beside each
-    assert F.in_progress_chunk(ADAPTIVE, 1, 2500, 1) == 500
-    assert F.in_progress_chunk(ADAPTIVE, 20, 2500, 1) == 250
 
 
 # KV-cache room: vLLM starts a waiting prompt only once all of it fits the free KV cache

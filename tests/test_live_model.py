@@ -13,6 +13,7 @@ import pytest
 from observe.stats import StepRecord
 from serving.engine.live_model import (
     MIN_STEPS,
+    OVERHEAD_MIN,
     PRIOR,
     REFIT_S,
     LiveEngineModel,
@@ -95,3 +96,35 @@ def test_the_engines_limits_and_its_adaptive_chunk_cap_survive_every_refit():
     assert (model.token_budget, model.prefill_chunk_cap, model.prefill_cap_adaptive,
             model.kv_capacity_tokens) == (1024, 256, True, 1600)
     assert model.chunk_cap(2) == 512 and model.chunk_cap(8) == 256 and model.chunk_cap(1) == 0
+
+
+def _served(ttft_s: float | None, engine_ttft_s: float | None, status: str = "ok"):
+    return SimpleNamespace(ttft_s=ttft_s, engine_ttft_s=engine_ttft_s, status=status)
+
+
+def test_the_overhead_after_the_check_is_learned_from_requests_that_found_nothing_ahead():
+    live = LiveEngineModel()
+    assert live.model.overhead_s == PRIOR.overhead_s  # the prior until enough samples
+    for i in range(OVERHEAD_MIN - 1):
+        live.on_request(_served(0.050 + 0.001 * i, 0.046))
+    live.on_request(_served(0.9, None))  # judged with work ahead: not a sample
+    live.on_request(_served(None, 0.046, "error"))  # failed: not a sample
+    assert live.model.overhead_s == PRIOR.overhead_s
+    live.on_request(_served(0.050 + 0.001 * (OVERHEAD_MIN - 1), 0.046))
+    # the 20 samples 4 ms .. 23 ms: their median, 13.5 ms
+    assert live.model.overhead_s == pytest.approx(0.0135)
+    for s in steps_for_a_fit():
+        live.on_step(s)
+    assert live.refit(now=0.0).overhead_s == pytest.approx(0.0135)  # a refit keeps it
+
+
+def test_an_estimate_too_high_for_an_idle_engine_learns_no_negative_overhead():
+    live = LiveEngineModel()
+    for _ in range(OVERHEAD_MIN):
+        live.on_request(_served(0.040, 0.046))
+    assert live.model.overhead_s == 0.0
+
+
+def steps_for_a_fit() -> list[StepRecord]:
+    return [step(i, 1 + i % 7, 10 + 37 * i % 900, pairs=(i % 5) * 100_000 + 41 * i * i)
+            for i in range(MIN_STEPS + 5)]

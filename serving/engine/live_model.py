@@ -11,6 +11,13 @@ measured (`docs/policies.md`).
 The token budget is the engine's own `max_num_batched_tokens`, the per-request chunk cap
 its `long_prefill_token_threshold` (and whether it is adaptive), read from the engine's
 configuration once it has started (`engine_limits`).
+
+Its `overhead_s` is what a request spends after the deadline check outside the engine
+steps it estimated (the engine loop picking the request up, its first output coming
+back): learned as the median, over the newest `OVERHEAD_WINDOW` requests judged with
+nothing ahead of them, of their TTFT less the estimate's engine part
+(`RequestRecord.engine_ttft_s`). What came before the check (HTTP, tokenizing) has
+passed already when the check runs, and is not counted twice.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
+from observe import registry as R
 from observe.stats import StepRecord
 from slo.sim.engine_model import EngineModel, fit_steps
 
@@ -29,14 +38,19 @@ WINDOW_STEPS = 2000  # about a minute of steps under load
 # enough for a first fit: a fresh server estimates with its own engine's speed.
 MIN_STEPS = 24
 REFIT_S = 5.0
+OVERHEAD_WINDOW = 200
+OVERHEAD_MIN = 20  # samples before the learned overhead replaces the prior's
+OVERHEAD_EVERY = 10  # recomputed every this many samples
 # The prior: the step terms of `EngineModel` fitted (`slo.sim.engine_model.calibrate`,
 # R^2 0.96) on the 6,481 steps of a 60 s 5x surge of the embedded model (both sides of
 # `bench.policy.surge --seed 2 --factors 5 --rate 1.6`, float32) on a 2-core CPU box
-# (vLLM 0.32 CPU backend), 2026-12-03; KV capacity and overhead from the 5x surge of
-# 2026-12-02 (48 MiB KV cache); see docs/policies.md.
+# (vLLM 0.32 CPU backend), 2026-12-03; KV capacity from the 5x surge of 2026-12-02
+# (48 MiB KV cache); see docs/policies.md. The overhead after the check: the median
+# over the requests that found an idle engine in a 3x design surge (seed 441, the
+# 2-vCPU AMX Xeon, 2026-12-07), until the server has learned its own.
 PRIOR = EngineModel(step_base_s=0.00595, step_per_seq_s=0.000462, step_per_token_s=7.15e-5,
                     step_per_pair_s=6.42e-8, token_budget=2048, kv_capacity_tokens=27_564,
-                    overhead_s=0.0096)
+                    overhead_s=0.0063)
 
 
 class LiveEngineModel:
@@ -50,6 +64,8 @@ class LiveEngineModel:
         self.model = _with_limits(prior, token_budget)
         self.last_step_end = 0.0  # monotonic
         self._pending_since: float | None = None  # work has waited since (monotonic)
+        self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
+        self.overhead_s = prior.overhead_s
 
     def set_engine_limits(self, token_budget: int, chunk_cap: int = 0,
                           kv_capacity_tokens: int = 0, cap_adaptive: bool = False) -> None:
@@ -87,9 +103,19 @@ class LiveEngineModel:
                                  prefill_chunk_cap=self.model.prefill_chunk_cap,
                                  prefill_cap_adaptive=self.model.prefill_cap_adaptive,
                                  kv_capacity_tokens=self.prior.kv_capacity_tokens,
-                                 overhead_s=self.prior.overhead_s, steps_fitted=len(data),
+                                 overhead_s=self.overhead_s, steps_fitted=len(data),
                                  fit_r2=r2)
         return self.model
+
+    def on_request(self, rec) -> None:
+        """A finished request (observer listener): one judged with nothing ahead of it
+        and served is a sample of the overhead after the check."""
+        if rec.engine_ttft_s is None or rec.ttft_s is None or rec.status != R.STATUS_OK:
+            return
+        self._overheads.append(rec.ttft_s - rec.engine_ttft_s)
+        if len(self._overheads) >= OVERHEAD_MIN and len(self._overheads) % OVERHEAD_EVERY == 0:
+            self.overhead_s = max(0.0, float(np.median(self._overheads)))
+            self.model = replace(self.model, overhead_s=self.overhead_s)
 
     def describe(self) -> dict:
         """The model in force (JSON-safe) and where it comes from."""

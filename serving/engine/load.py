@@ -93,54 +93,6 @@ class LoadTracker:
             self._pending_tokens -= prompt_tokens
             self._pending_pairs -= attention_pairs(computed, prompt_tokens)
 
-    def passed_by(self, priority: int | None, step_began: float | None = None,
-                  chunk: int = 0, cap: int = 0) -> tuple[int, int, int]:
-        """The prompts in vLLM's waiting queue that a newcomer with engine `priority`
-        goes before (vLLM serves the prompts it has started first, then those waiting
-        by priority; None: it passes none): their tokens, attention pairs, how many.
-        Counted ahead, they put VIP estimates in a surge beyond capacity at 2.5-5x the
-        TTFT the VIPs then had. A prompt the step in progress started is no longer
-        waiting, though no chunk of it has been reported yet: that step began at
-        monotonic `step_began` and prefills `chunk` tokens of the prompts held then,
-        at most `cap` each (0: no cap), in vLLM's order (`started_by_step`)."""
-        if priority is None:
-            return 0, 0, 0
-        started = self.started_by_step(step_began, chunk, cap)
-        passed = [p.left for p in self.in_engine
-                  if p.waiting and p.priority > priority and p not in started]
-        return sum(passed), sum(attention_pairs(0, left) for left in passed), len(passed)
-
-    def started_by_step(self, step_began: float | None, chunk: int, cap: int = 0) -> set:
-        """The waiting prompts the step in progress starts: of those the engine held
-        when it began, the started ones get their chunks first, then the waiting ones
-        by priority and arrival, `cap` tokens each at most, until `chunk` is used."""
-        if step_began is None or chunk <= 0:
-            return set()
-        held = sorted((p for p in self.in_engine
-                       if p.pending and p.left and p.entered_at <= step_began),
-                      key=lambda p: (p.waiting, p.priority, p.entered_at))
-        started = set()
-        for p in held:
-            if chunk <= 0:
-                break
-            chunk -= min(p.left, cap or p.left)
-            if p.waiting:
-                started.add(p)
-        return started
-
-    def first_in_step(self, after: float, join_s: float) -> tuple[float, int, int, int] | None:
-        """An idle engine starts a step as soon as a prompt comes: of the prompts that
-        entered after monotonic `after` (the end of its last step), the first and those
-        within `join_s` of it, which that step holds. When it began, and their tokens,
-        attention pairs and count; None if none entered."""
-        came = [p for p in self.in_engine if p.entered_at > after and p.waiting and p.left]
-        if not came:
-            return None
-        began = min(p.entered_at for p in came)
-        joined = [p.left for p in came if p.entered_at <= began + join_s]
-        return (began, sum(joined), sum(attention_pairs(0, left) for left in joined),
-                len(joined))
-
     def preemptable_by(self, priority: int | None) -> int:
         """KV-cache tokens held by the running requests vLLM preempts before one with
         engine `priority` (theirs is larger: due after it) when a running request finds

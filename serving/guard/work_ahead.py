@@ -14,8 +14,10 @@ from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker
 from serving.limiter import Limiter
 from slo.policy import feasibility as F
-from slo.policy import promises
+from slo.policy import playout, promises
+from slo.policy.playout import Prompt
 from slo.policy.retry_book import Booking
+from slo.sim.engine_model import attention_pairs
 from slo.sim.lanes import deadline_of_priority, engine_priority, kv_reserved_from
 
 # Prompts sent to an idle engine within this of the first share the step it starts
@@ -39,31 +41,30 @@ class WorkAheadView:
                    priority: int | None = None, vip_kv_reserve: int | None = None
                    ) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
-        token: the rest of the engine's step in progress (with the prefill chunk it
-        took of the prompts the engine held when it began), the prompt tokens in the
-        engine not yet prefilled beyond that chunk but those it will pass there (with
-        engine `priority`: vLLM serves the prompts it has started first, then its
-        waiting queue by priority), and those the limiter will let in before it (the
-        lanes before its own, and those in its own ordered before it: a lower `rank`,
-        or the same and due earlier); the KV cache free to it, less any `vip_kv_reserve`
+        token, prompt by prompt: the rest of the engine's step in progress (with the
+        chunks it took of the prompts the engine held when it began), the prompts in
+        the engine not yet prefilled but those it will pass there (with engine
+        `priority`: vLLM serves the prompts it has started first, then its waiting
+        queue by priority), and those the limiter will let in before it (the lanes
+        before its own, and those in its own ordered before it: a lower `rank`, or the
+        same and due earlier); the KV cache free to it, less any `vip_kv_reserve`
         unless it is a VIP."""
         model, running = self.engine_model.model, load.running_requests
-        waiting, waiting_pairs, _ = self.limiter.waiting_work()
-        in_engine = max(0, load.pending_prefill_tokens - waiting)
-        in_engine_pairs = max(0, load.pending_prefill_pairs - waiting_pairs)
-        step, held_by, held = self._step_in_progress(now, running, in_engine, in_engine_pairs)
-        ahead, ahead_pairs, ahead_prompts = self.limiter.waiting_work(lane, deadline, rank)
-        passed, passed_pairs, passed_prompts = self.load.passed_by(
-            priority, held_by, step.chunk, model.chunk_cap(running + max(1, held)))
-        kv_free = (self.kv_free_tokens(load.kv_cache_usage) - step.chunk
+        remaining, chunks = self._step_in_progress(now, running)
+        queue = self._in_engine(chunks, priority)
+        untracked = (load.pending_prefill_tokens - self.limiter.waiting_work()[0]
+                     - sum(p.left for p in self.load.in_engine if p.pending))
+        if untracked > 0:  # counted by the tracker, not by any prompt: one fresh prompt
+            queue.append(Prompt(untracked, 0, 0, False))
+        queue += [Prompt(tokens, 0, 0, False)
+                  for tokens in self.limiter.waiting_prompts(lane, deadline, rank)]
+        kv_free = (self.kv_free_tokens(load.kv_cache_usage) - sum(chunks.values())
                    - kv_reserved_from(lane, vip_kv_reserve))
         return F.WorkAhead(
-            max(0, in_engine - step.chunk - passed) + ahead, running, step.remaining_s,
-            self.limiter.slot_wait_s(lane, now),
-            max(0, in_engine_pairs - step.chunk_pairs - passed_pairs) + ahead_pairs,
-            max(0, self.limiter.engine_prefill_prompts - passed_prompts) + ahead_prompts,
+            sum(p.left for p in queue), running, remaining, self.limiter.slot_wait_s(lane, now),
+            sum(attention_pairs(p.computed, p.left) for p in queue), len(queue),
             kv_free, self.limiter.kv_free_rate(now), self.load.preemptable_by(priority),
-            self.load.kv_use_rate)
+            self.load.kv_use_rate, queue=tuple(queue))
 
     def holds_back(self, tokens: int, priority: int, deadline: float, epoch: float,
                    now: float, coming: Sequence[Booking] = ()) -> bool:
@@ -87,28 +88,48 @@ class WorkAheadView:
                                    promises.Prompt(tokens, 0, priority, False, deadline - now),
                                    remaining)
 
-    def _step_in_progress(self, now: float, running: int, in_engine: int,
-                          in_engine_pairs: int) -> tuple[F.StepInProgress, float | None, int]:
-        """The engine's step in progress, until when prompts sent to the engine are held
-        by it (None: no step seen yet), and how many prompts it holds. A busy engine
-        began it as its last step ended, with the prompts it held then (not those sent
-        since, which wait for the next step); an idle one (nothing running or held when
-        its last step ended) begins one the moment a prompt comes, with that prompt and
-        any sent with it (`JOIN_S`)."""
+    def _step_in_progress(self, now: float, running: int) -> tuple[float, dict]:
+        """The rest of the engine's step in progress, and the chunk it takes of each
+        prompt it holds. A busy engine began it as its last step ended, with the
+        prompts it held then (not those sent since, which wait for the next step); an
+        idle one (nothing running or held when its last step ended) begins one the
+        moment a prompt comes, with that prompt and any sent with it (`JOIN_S`). Its
+        chunks go as vLLM's scheduler gives them (`playout.step_chunks`); its phase
+        unknown (no step seen yet, or it runs past the model), half of it is left."""
         model, since = self.engine_model.model, self.engine_model.since_last_step_s(now)
-        if since is None:
-            prompts = self.limiter.engine_prefill_prompts
-            return F.step_in_progress(model, running, in_engine, None, in_engine_pairs,
-                                      prompts), None, prompts
-        entered, entered_pairs, entered_prompts = self.limiter.entered_since(now - since)
-        held = (max(0, in_engine - entered), max(0, in_engine_pairs - entered_pairs),
-                max(0, self.limiter.engine_prefill_prompts - entered_prompts))
-        began = held_by = now - since
-        if running <= 0 and held[0] <= 0:
-            first = self.load.first_in_step(began, JOIN_S)
-            if first is not None:
-                began, held = first[0], first[1:]
-                held_by = began + JOIN_S
-        tokens, pairs, prompts = held
-        step = F.step_in_progress(model, running, tokens, now - began, pairs, prompts)
-        return step, held_by, prompts
+        pending = [p for p in self.load.in_engine if p.pending and p.left > 0]
+        began, held = None, pending
+        if since is not None:
+            began = now - since
+            held = [p for p in pending if p.entered_at <= began]
+            if running <= 0 and not held:
+                came = [p for p in pending if p.waiting and p.entered_at > began]
+                if came:
+                    began = min(p.entered_at for p in came)
+                    held = [p for p in came if p.entered_at <= began + JOIN_S]
+        if running <= 0 and not held:
+            return 0.0, {}
+        held.sort(key=lambda p: (p.waiting, p.priority, p.entered_at))
+        left = [p.left for p in held]
+        decodes = max(0, running - sum(not p.waiting for p in pending))
+        _, n, tokens, pairs = playout.step_chunks(model, decodes, list(range(len(held))), left,
+                                                  [p.computed for p in held])
+        step = model.step_s(decodes + n, decodes + tokens, pairs)
+        elapsed = None if began is None else now - began
+        remaining = step - elapsed if elapsed is not None and 0 <= elapsed < step else 0.5 * step
+        return remaining, {p: p.left - rest for p, rest in zip(held, left) if p.left > rest}
+
+    def _in_engine(self, chunks: dict, priority: int | None) -> list[Prompt]:
+        """The engine's prompts after the step in progress takes `chunks`, in vLLM's
+        order: the started ones, then the waiting ones by priority and arrival, but
+        those a newcomer with engine `priority` passes (None: it passes none)."""
+        prompts = []
+        for p in self.load.in_engine:
+            chunk = chunks.get(p, 0)
+            started = not p.waiting or chunk > 0
+            if not p.pending or p.left <= chunk or (
+                    not started and priority is not None and p.priority > priority):
+                continue
+            prompts.append((not started, p.priority, p.entered_at,
+                            Prompt(p.left - chunk, p.computed + chunk, 0, started)))
+        return [prompt for *_, prompt in sorted(prompts, key=lambda e: e[:3])]

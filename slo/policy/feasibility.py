@@ -43,6 +43,8 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final
 
+from slo.policy import playout
+from slo.policy.playout import Prompt
 from slo.sim.engine_model import EngineModel, attention_pairs
 
 ADMIT: Final = "admit"
@@ -78,14 +80,26 @@ class WorkAhead:
     # False: it waits in front until the prompts ahead have their first tokens
     # (`slo.policy.promises`), so under a chunk cap it does not advance beside them
     shares_steps: bool = True
+    # The same prompts one by one, in vLLM's order (started ones first, `playout`),
+    # after the step in progress; None: only the sums above are known
+    queue: tuple[Prompt, ...] | None = None
 
     def with_prefill(self, tokens: int, pairs: int) -> WorkAhead:
         """The same, with `tokens` more prompt tokens (holding `pairs` attention pairs)
-        to prefill ahead: booked retries, VIPs still to come."""
+        to prefill ahead: booked retries, VIPs still to come (one fresh prompt in the
+        queue)."""
         if not tokens:
             return self
+        queue = None if self.queue is None else (*self.queue, Prompt(tokens, 0, 0, False))
         return replace(self, prefill_tokens=self.prefill_tokens + tokens,
-                       prefill_pairs=self.prefill_pairs + pairs)
+                       prefill_pairs=self.prefill_pairs + pairs, queue=queue)
+
+    @property
+    def decodes(self) -> int:
+        """Running sequences that decode (the rest of `running` are the queue's
+        started prompts)."""
+        started = 0 if self.queue is None else sum(p.started for p in self.queue)
+        return max(0, self.running - started)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,47 +122,6 @@ def prefill_s(model: EngineModel, tokens: int, running: int,
     return model.steps_s(steps, running + 1, tokens + steps * running, pairs)
 
 
-@dataclass(frozen=True, slots=True)
-class StepInProgress:
-    """The engine's step in progress as a newcomer finds it."""
-
-    chunk: int  # prompt tokens it prefills: done when it is, not work ahead after it
-    chunk_pairs: int  # their attention pairs
-    remaining_s: float  # expected time until it ends
-
-
-def step_in_progress(model: EngineModel, running: int, prefill_tokens: int,
-                     since_last_step_s: float | None = None, prefill_pairs: int = 0,
-                     prompts: int = 1) -> StepInProgress:
-    """The step the engine is taking when a request arrives (none when it has nothing
-    to do): its decodes and `in_progress_chunk` of the prefill it held when the step
-    began, whose attention pairs are the chunk's share of `prefill_pairs`, those of
-    the prompts it comes from. Its remainder is the step less the time since the last
-    step ended, when the step probe has told us that and the step could still be
-    running; else, its phase unknown, half the step."""
-    if running <= 0 and prefill_tokens <= 0:
-        return StepInProgress(0, 0, 0.0)
-    chunk = in_progress_chunk(model, running, prefill_tokens, prompts)
-    chunk_pairs = share_of_pairs(prefill_pairs, prefill_tokens, chunk)
-    step = model.step_s(running + (chunk > 0), running + chunk, chunk_pairs)
-    if since_last_step_s is not None and 0 <= since_last_step_s < step:
-        return StepInProgress(chunk, chunk_pairs, step - since_last_step_s)
-    return StepInProgress(chunk, chunk_pairs, 0.5 * step)
-
-
-def in_progress_chunk(model: EngineModel, running: int, prefill_tokens: int,
-                      prompts: int = 1) -> int:
-    """Prompt tokens the step in progress prefills, of `prefill_tokens` (`prompts`
-    prompts) the engine held when it began: what is left of its token budget after one
-    decode per running sequence, and under a per-request chunk cap at most the cap for
-    each prompt while another request is there. They are done when the step is: not
-    work ahead after it."""
-    chunk = min(max(0, model.token_budget - running), max(0, prefill_tokens))
-    if cap := model.chunk_cap(running + max(1, prompts)):
-        chunk = min(chunk, max(1, prompts) * cap)
-    return chunk
-
-
 def share_of_pairs(pairs: int, tokens: int, part: int) -> int:
     """The attention pairs of `part` of `tokens` prompt tokens that hold `pairs`, taken
     in proportion (which prompts a part comes from is not known)."""
@@ -161,6 +134,13 @@ def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
     """Estimated seconds from now to the request's first token."""
     return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
             + kv_wait_s(ahead, prompt_tokens) + own_prefill_s(model, prompt_tokens, ahead))
+
+
+def alone(ahead: WorkAhead, prompt_tokens: int) -> bool:
+    """Nothing but the step in progress stands between the request and its prefill:
+    no prompt ahead, no wait for a slot or for KV-cache room."""
+    return (not ahead.prefill_tokens and not ahead.slot_wait_s
+            and not kv_wait_s(ahead, prompt_tokens))
 
 
 def kv_wait_s(ahead: WorkAhead, prompt_tokens: int = 0) -> float:
@@ -195,6 +175,8 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
     beside those ahead, which take what their caps allow of each step meanwhile,
     as long as the step's budget holds them all; if it cannot, or it waits in front
     for them (`shares_steps` false), arrival order again."""
+    if ahead.queue is not None:
+        return _own_prefill_by_prompt(model, prompt_tokens, ahead)
     cap = model.chunk_cap(ahead.running + ahead.prompts + 1)
     own_pairs, room = attention_pairs(0, prompt_tokens), model.token_budget - ahead.running
     beside = min(ahead.prompts * cap, ahead.prefill_tokens)  # ahead's tokens a step
@@ -209,6 +191,17 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
                          steps * ahead.running + prompt_tokens + done_ahead,
                          own_pairs + share_of_pairs(ahead.prefill_pairs, ahead.prefill_tokens,
                                                     done_ahead))
+
+
+def _own_prefill_by_prompt(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
+    """`own_prefill_s` from the queue prompt by prompt (`playout.newcomer_s`); waiting
+    in front for those ahead, after all of them in whole-budget steps."""
+    if ahead.shares_steps:
+        return playout.newcomer_s(model, ahead.decodes, ahead.queue, prompt_tokens)
+    tokens = sum(p.left for p in ahead.queue) + prompt_tokens
+    pairs = (sum(attention_pairs(p.computed, p.left) for p in ahead.queue)
+             + attention_pairs(0, prompt_tokens))
+    return prefill_s(model, tokens, ahead.decodes, pairs)
 
 
 def drain_s(model: EngineModel, ahead: WorkAhead, prompt_tokens: int = 0) -> float:

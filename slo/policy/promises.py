@@ -24,82 +24,15 @@ back. So the prompts played out include the bookings due before the newcomer, ea
 entering at its time (`Prompt.arrives_s`).
 
 Both answers come from playing the engine's next steps out as vLLM schedules them
-(`first_token_s`): the prompts it has started first, then those waiting by engine
-priority, each taking at most the adaptive cap of the step's budget after one decode
-token per running sequence; each step priced by the live engine model. KV-cache room
-and decodes that end are left out (a few steps ahead, neither moves much).
+(`slo.policy.playout.first_token_s`), each step priced by the live engine model.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import Final
+from slo.policy.playout import Prompt, first_token_s
+from slo.sim.engine_model import EngineModel
 
-from slo.sim.engine_model import EngineModel, attention_pairs
-
-# Steps played out at most: a prompt not done by then counts as never on time.
-MAX_STEPS: Final = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Prompt:
-    """A prompt in the engine (or about to enter it), as the scheduler sees it."""
-
-    left: int  # tokens not yet prefilled
-    computed: int  # tokens prefilled already
-    priority: int  # engine priority: smaller first (`slo.sim.lanes.engine_priority`)
-    started: bool  # vLLM has scheduled a chunk of it (it is running, served first)
-    due_s: float = math.inf  # seconds from now to its first-token deadline
-    arrives_s: float = 0.0  # seconds from now until it is in the engine (a booked retry)
-
-
-def first_token_s(model: EngineModel, decodes: int, prompts: list[Prompt],
-                  step_remaining_s: float = 0.0) -> list[float]:
-    """Seconds from now until each prompt's first token, if nothing else entered:
-    after the step in progress, step by step in vLLM's order (inf: not within
-    MAX_STEPS)."""
-    order = sorted(range(len(prompts)),
-                   key=lambda i: (not prompts[i].started, prompts[i].priority, i))
-    left = [p.left for p in prompts]
-    done = [p.computed for p in prompts]
-    times = [0.0 if n <= 0 else math.inf for n in left]
-    clock = step_remaining_s
-    for _ in range(MAX_STEPS):
-        pending = [i for i in order if left[i] > 0]
-        if not pending:
-            break
-        active = [i for i in pending if prompts[i].arrives_s <= clock]
-        if not active:  # an idle engine until the next one comes
-            clock = min(prompts[i].arrives_s for i in pending)
-            continue
-        finished, chunks, tokens, pairs = _step(model, decodes, active, left, done)
-        clock += model.step_s(decodes + chunks, decodes + tokens, pairs)
-        for i in finished:
-            times[i] = clock
-        decodes += len(finished)
-    return times
-
-
-def _step(model: EngineModel, decodes: int, active: list[int], left: list[int],
-          done: list[int]) -> tuple[list[int], int, int, int]:
-    """One step's prefill chunks, taken off `left` in place: the prompts it finishes,
-    how many chunks, their tokens and attention pairs."""
-    budget = model.token_budget - decodes
-    cap = model.chunk_cap(decodes + len(active)) or budget
-    finished, chunks, tokens, pairs = [], 0, 0, 0
-    for i in active:
-        take = min(left[i], cap, budget)
-        if take <= 0:
-            break
-        pairs += attention_pairs(done[i], take)
-        tokens, budget = tokens + take, budget - take
-        left[i] -= take
-        done[i] += take
-        chunks += 1
-        if left[i] <= 0:
-            finished.append(i)
-    return finished, chunks, tokens, pairs
+__all__ = ["Prompt", "first_token_s", "holds_back"]
 
 
 def holds_back(model: EngineModel, decodes: int, prompts: list[Prompt], newcomer: Prompt,

@@ -25,6 +25,7 @@ from slo.policy import conditions as P
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.engine import PolicyEngine
+from slo.policy.playout import Prompt
 from slo.policy.promises import holds_back
 from slo.policy.vip_stream import VipStream
 from slo.sim import kv_cache
@@ -117,21 +118,20 @@ class Simulator:
         waiting in its lane or before it, the slot wait."""
         self._forget_releases()
         lane, mine = lane_of(req), self._priority(req)
-        left = [(r.prefilled, max(0, (r.context or r.prompt) - r.prefilled))
-                for r in self.running
-                if r.started or mine is None or r.engine_priority <= mine]
+        queue = [Prompt(max(0, (r.context or r.prompt) - r.prefilled), r.prefilled, 0, r.started)
+                 for r in self.running if r.started or mine is None or r.engine_priority <= mine]
         waiters = list(self.lanes.ahead(lane, deadline_of(req)))
-        left += [(0, r.prompt) for r in waiters]
+        queue = [p for p in queue + [Prompt(r.prompt, 0, 0, False) for r in waiters] if p.left]
         slot_wait_s = 0.0 if enters_at_once(lane) else self._slot_wait_s(len(waiters))
-        decoding = sum(1 for r in self.running if r.first_token is not None)
+        # vLLM's running count: the decodes and the prompts it has started
+        running = sum(1 for r in self.running if r.first_token is not None or r.started)
         reserve = kv_reserved_from(lane, self.decisions.vip_kv_reserve)
         free = self.model.kv_capacity_tokens - kv_cache.allocated(self.running) - reserve
-        return F.WorkAhead(sum(tokens for _, tokens in left), decoding,
-                           step_left_s, slot_wait_s,
-                           sum(attention_pairs(done, tokens) for done, tokens in left),
-                           sum(1 for _, tokens in left if tokens > 0), free,
-                           sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S,
-                           kv_cache.preemptable(self.running, mine), self.kv_use_rate)
+        return F.WorkAhead(sum(p.left for p in queue), running, step_left_s, slot_wait_s,
+                           sum(attention_pairs(p.computed, p.left) for p in queue), len(queue),
+                           free, sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S,
+                           kv_cache.preemptable(self.running, mine), self.kv_use_rate,
+                           queue=tuple(queue))
 
     def _priority(self, req: SimRequest) -> int | None:
         """Its engine priority under vLLM's priority scheduling (None: arrival order)."""
