@@ -97,3 +97,19 @@ def test_one_step_takes_the_started_prompts_first_then_the_waiting_by_priority()
     assert left == [67, 0, 567] and done == [333, 400, 333]
     assert pairs == (attention_pairs(300, 100) + attention_pairs(0, 333)
                      + attention_pairs(0, 333))
+
+
+def test_the_kv_room_needed_is_what_the_steps_until_its_first_token_take():
+    """Beside a started document (2,500 tokens left) a 300-token newcomer has its first
+    token after one step of the document's 500 and its own 300: 800 tokens of KV
+    cache, not the document's whole rest. With 500 free and 1,000 freed a second, 0.3 s
+    (the sums: 2.3 s). With two decodes beside them the cap is 250: two steps."""
+    doc = Prompt(2500, 1000, 0, True)
+    assert playout.newcomer_steps(MODEL, 0, [doc], 300) == (pytest.approx(0.81), 800)
+    assert playout.newcomer_steps(MODEL, 2, [doc], 300) == (pytest.approx(0.512 + 0.312),
+                                                            502 + 302)
+    work = F.WorkAhead(2500, 1, prompts=1, kv_free_tokens=500, kv_free_rate=1000.0,
+                       queue=(doc,))  # the document is the one running sequence
+    assert F.first_token_s(MODEL, 300, work) == pytest.approx(0.3 + 0.81)
+    summed = F.WorkAhead(2500, 0, prompts=1, kv_free_tokens=500, kv_free_rate=1000.0)
+    assert F.kv_wait_s(summed, 300) == pytest.approx(2.3)

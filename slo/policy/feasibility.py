@@ -132,6 +132,11 @@ def share_of_pairs(pairs: int, tokens: int, part: int) -> int:
 
 def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
     """Estimated seconds from now to the request's first token."""
+    if ahead.queue is not None and ahead.shares_steps:  # steps and KV prompt by prompt
+        steps_s, kv_tokens = playout.newcomer_steps(model, ahead.decodes, ahead.queue,
+                                                    prompt_tokens)
+        return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
+                + kv_wait_s(ahead, needed=kv_tokens) + steps_s)
     return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
             + kv_wait_s(ahead, prompt_tokens) + own_prefill_s(model, prompt_tokens, ahead))
 
@@ -143,7 +148,7 @@ def alone(ahead: WorkAhead, prompt_tokens: int) -> bool:
             and not kv_wait_s(ahead, prompt_tokens))
 
 
-def kv_wait_s(ahead: WorkAhead, prompt_tokens: int = 0) -> float:
+def kv_wait_s(ahead: WorkAhead, prompt_tokens: int = 0, needed: int | None = None) -> float:
     """Expected wait for KV-cache room. vLLM starts a waiting prompt only when the whole
     of it fits the free KV cache, and starts none behind one that does not fit; a
     prompt half prefilled takes blocks for each further chunk. So the prompts ahead
@@ -152,10 +157,14 @@ def kv_wait_s(ahead: WorkAhead, prompt_tokens: int = 0) -> float:
     running request due last and frees its whole cache. So once the running requests
     have used up what is free (at the rate they take KV), the cache held by those due
     after this one comes free; any shortfall beyond that frees as requests end, at the
-    recent rate (infinite when none has ended lately)."""
+    recent rate (infinite when none has ended lately). `needed`: the tokens that must
+    fit, when known better than all of those (`playout.newcomer_steps`: what the steps
+    until its first token take, not what prompts beside it take after it)."""
     if ahead.kv_free_tokens is None:
         return 0.0
-    short = ahead.prefill_tokens + prompt_tokens - ahead.kv_free_tokens
+    if needed is None:
+        needed = ahead.prefill_tokens + prompt_tokens
+    short = needed - ahead.kv_free_tokens
     if short <= 0:
         return 0.0
     wait = 0.0

@@ -80,25 +80,36 @@ def newcomer_s(model: EngineModel, decodes: int, ahead: Sequence[Prompt],
     """Seconds of engine steps, from the end of the step in progress, until a newcomer
     of `tokens` prompt tokens entering now behind `ahead` (in the order given, or
     vLLM's where some are started) has its first token, nothing else entering."""
+    return newcomer_steps(model, decodes, ahead, tokens)[0]
+
+
+def newcomer_steps(model: EngineModel, decodes: int, ahead: Sequence[Prompt],
+                   tokens: int) -> tuple[float, int]:
+    """`newcomer_s`, and the KV-cache tokens those steps take (every token they
+    schedule: the prompts' chunks, its own included, and a token a decode): what must
+    be free, or come free, for it to have its first token without a preemption."""
     if tokens <= 0:
-        return 0.0
+        return 0.0, 0
     prompts = [*ahead, Prompt(tokens, 0, math.inf, False)]  # behind every one of them
     order, own = scheduling_order(prompts), len(prompts) - 1
     left = [p.left for p in prompts]
     done = [p.computed for p in prompts]
-    clock = 0.0
+    clock, taken = 0.0, 0
     for _ in range(MAX_STEPS):
         active = [i for i in order if left[i] > 0]
         finished, chunks, step_tokens, pairs = step_chunks(model, decodes, active, left, done)
         if not chunks:  # the decodes leave no token of a step for prefill
-            return math.inf
+            return math.inf, taken
         clock += model.step_s(decodes + chunks, decodes + step_tokens, pairs)
+        taken += decodes + step_tokens
         if left[own] <= 0:
-            return clock
+            return clock, taken
         decodes += len(finished)
     rest = [i for i in order[:order.index(own) + 1] if left[i] > 0]
-    return clock + _whole_steps_s(model, decodes, [left[i] for i in rest],
-                                  sum(attention_pairs(done[i], left[i]) for i in rest))
+    lefts = [left[i] for i in rest]
+    seconds = _whole_steps_s(model, decodes, lefts,
+                             sum(attention_pairs(done[i], left[i]) for i in rest))
+    return clock + seconds, taken + sum(lefts)
 
 
 def _whole_steps_s(model: EngineModel, decodes: int, lefts: list[int], pairs: int) -> float:
