@@ -13,8 +13,8 @@ import math
 import pytest
 
 from slo.policy import feasibility as F
-from slo.policy import promises
-from slo.policy.promises import Prompt
+from slo.policy import playout, promises
+from slo.policy.playout import Prompt
 from slo.sim.engine_model import EngineModel
 
 MODEL = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.001,
@@ -37,13 +37,13 @@ MODEL = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.001
     (0, [Prompt(0, 40, 1, True)], 0.0, [0.0]),  # done already
 ])
 def test_first_token_s(decodes, prompts, remaining, expected):
-    got = promises.first_token_s(MODEL, decodes, prompts, remaining)
+    got = playout.first_token_s(MODEL, decodes, prompts, remaining)
     assert got == pytest.approx(expected)
 
 
 def test_a_prompt_the_steps_cannot_finish_is_never_on_time():
     # 1000 decodes leave no token of any step for prefill
-    assert promises.first_token_s(MODEL, 1000, [Prompt(10, 0, 1, False)]) == [math.inf]
+    assert playout.first_token_s(MODEL, 1000, [Prompt(10, 0, 1, False)]) == [math.inf]
 
 
 WAITING = Prompt(400, 0, 1, False, due_s=0.45)  # alone: first token at 0.41 s
@@ -92,7 +92,7 @@ BOOKED = Prompt(100, 0, 1, False, due_s=0.7, arrives_s=0.5)
     ([Prompt(2000, 0, 5, False), BOOKED], [1.01 + 0.61 + 0.511, 1.01 + 0.61]),
 ])
 def test_a_booked_retry_enters_the_steps_when_it_comes(prompts, expected):
-    assert promises.first_token_s(MODEL, 0, prompts) == pytest.approx(expected)
+    assert playout.first_token_s(MODEL, 0, prompts) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("newcomer,held", [

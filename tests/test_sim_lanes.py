@@ -166,7 +166,7 @@ def test_engine_priority_orders_a_short_vip_before_an_earlier_vip_document():
 ])
 def test_the_simulated_work_ahead_skips_engine_prompts_the_newcomer_passes(
         scheduling, deadlines_on, ahead):
-    """As the server's admission (`LoadTracker.passed_by`): vLLM runs the prompts it
+    """As the server's admission (`WorkAheadView._in_engine`): vLLM runs the prompts it
     has started, then its waiting queue by priority."""
     model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000)
     sim = Simulator(model, P.PolicyConfig(), priority_scheduling=scheduling)

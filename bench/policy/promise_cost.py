@@ -19,7 +19,7 @@ import time
 
 from serving.engine.live_model import PRIOR
 from slo.policy import promises
-from slo.policy.promises import Prompt
+from slo.policy.playout import Prompt
 from slo.sim.lanes import LANE_PRIORITY_STEP
 
 SIZES = (1, 4, 8, 16)

@@ -1,8 +1,8 @@
 """The work ahead of a newcomer: what stands between a request and its first token as
 admission's deadline check (`slo.policy.feasibility`) sees it, read from the limiter
-(what waits in front of the engine, what entered it and when), the load tracker (the
-prompts the engine holds, started or waiting, and their engine priorities) and the
-live engine model (the step in progress).
+(what waits in front of the engine), the load tracker (the prompts the engine holds,
+started or waiting, when each entered, and their engine priorities) and the live
+engine model (the step in progress), one prompt at a time (`slo.policy.playout`).
 """
 
 from __future__ import annotations
@@ -73,19 +73,17 @@ class WorkAheadView:
         retry in `coming`, that is due before it miss its deadline
         (`slo.policy.promises`; engine priorities count deadlines from `epoch`)."""
         held = [p for p in self.load.in_engine if p.pending and p.left > 0]
-        booked = [promises.Prompt(b.tokens, 0, engine_priority(b.lane, b.deadline, epoch),
-                                  False, b.deadline - now, max(0.0, b.start - now))
-                  for b in coming]
+        booked = [Prompt(b.tokens, 0, engine_priority(b.lane, b.deadline, epoch), False,
+                         b.deadline - now, max(0.0, b.start - now)) for b in coming]
         if not any(p.priority < priority for p in (*held, *booked)):
             return False
-        prompts = [promises.Prompt(p.left, p.computed, p.priority, not p.waiting,
-                                   deadline_of_priority(p.priority, epoch) - now)
-                   for p in held] + booked
+        prompts = [Prompt(p.left, p.computed, p.priority, not p.waiting,
+                          deadline_of_priority(p.priority, epoch) - now) for p in held] + booked
         decodes = sum(1 for p in self.load.in_engine if not p.pending)
         since = self.engine_model.since_last_step_s(now)
         remaining = 0.0 if since is None else max(0.0, self.load.recent_step_s - since)
         return promises.holds_back(self.engine_model.model, decodes, prompts,
-                                   promises.Prompt(tokens, 0, priority, False, deadline - now),
+                                   Prompt(tokens, 0, priority, False, deadline - now),
                                    remaining)
 
     def _step_in_progress(self, now: float, running: int) -> tuple[float, dict]:

@@ -32,8 +32,6 @@ from __future__ import annotations
 from slo.policy.playout import Prompt, first_token_s
 from slo.sim.engine_model import EngineModel
 
-__all__ = ["Prompt", "first_token_s", "holds_back"]
-
 
 def holds_back(model: EngineModel, decodes: int, prompts: list[Prompt], newcomer: Prompt,
                step_remaining_s: float = 0.0) -> bool:

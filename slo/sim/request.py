@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from observe import registry as R
-from slo.policy.promises import Prompt
+from slo.policy.playout import Prompt
 from slo.sim.lanes import deadline_of
 from slo.tenants import SHED_ERROR, SHED_PREFIXES
 
