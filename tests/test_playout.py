@@ -41,7 +41,7 @@ WAITING_300 = Prompt(300, 0, 0, False)
 ])
 def test_a_newcomer_gets_what_each_step_leaves_of_its_budget(decodes, ahead, tokens,
                                                              expected_s):
-    assert playout.newcomer_s(MODEL, decodes, ahead, tokens) == pytest.approx(expected_s)
+    assert playout.newcomer_steps(MODEL, decodes, ahead, tokens)[0] == pytest.approx(expected_s)
 
 
 def test_a_newcomer_the_steps_do_not_finish_is_priced_as_whole_steps_after_them(monkeypatch):
@@ -49,7 +49,7 @@ def test_a_newcomer_the_steps_do_not_finish_is_priced_as_whole_steps_after_them(
     # steps (the most played out here) 2,000 of the document and 1,000 of its own are
     # left: three whole-budget steps in arrival order
     monkeypatch.setattr(playout, "MAX_STEPS", 2)
-    got = playout.newcomer_s(MODEL, 0, [Prompt(3000, 0, 0, False)], 2000)
+    got = playout.newcomer_steps(MODEL, 0, [Prompt(3000, 0, 0, False)], 2000)[0]
     assert got == pytest.approx(2 * 1.01 + 3 * 0.01 + 0.001 * 3000)
 
 
@@ -62,7 +62,7 @@ def test_each_prompt_pays_the_attention_pairs_of_its_own_chunk():
     doc = Prompt(1500, 1000, 0, True)
     first = 0.01 + 0.1 + 1e-8 * attention_pairs(1000, 1000)
     second = 0.01 + 0.1 + 1e-8 * (attention_pairs(2000, 500) + attention_pairs(0, 500))
-    assert playout.newcomer_s(ATTENDING, 0, [doc], 500) == pytest.approx(first + second)
+    assert playout.newcomer_steps(ATTENDING, 0, [doc], 500)[0] == pytest.approx(first + second)
     work = F.WorkAhead(1500, 1, prefill_pairs=attention_pairs(1000, 1500), prompts=1,
                        queue=(doc,))  # the document is the one running sequence
     assert work.decodes == 0

@@ -65,7 +65,6 @@ class LiveEngineModel:
         self.last_step_end = 0.0  # monotonic
         self._pending_since: float | None = None  # work has waited since (monotonic)
         self._overheads: deque[float] = deque(maxlen=OVERHEAD_WINDOW)
-        self.overhead_s = prior.overhead_s
 
     def set_engine_limits(self, token_budget: int, chunk_cap: int = 0,
                           kv_capacity_tokens: int = 0, cap_adaptive: bool = False) -> None:
@@ -103,7 +102,7 @@ class LiveEngineModel:
                                  prefill_chunk_cap=self.model.prefill_chunk_cap,
                                  prefill_cap_adaptive=self.model.prefill_cap_adaptive,
                                  kv_capacity_tokens=self.prior.kv_capacity_tokens,
-                                 overhead_s=self.overhead_s, steps_fitted=len(data),
+                                 overhead_s=self.model.overhead_s, steps_fitted=len(data),
                                  fit_r2=r2)
         return self.model
 
@@ -114,8 +113,8 @@ class LiveEngineModel:
             return
         self._overheads.append(rec.ttft_s - rec.engine_ttft_s)
         if len(self._overheads) >= OVERHEAD_MIN and len(self._overheads) % OVERHEAD_EVERY == 0:
-            self.overhead_s = max(0.0, float(np.median(self._overheads)))
-            self.model = replace(self.model, overhead_s=self.overhead_s)
+            self.model = replace(self.model,
+                                 overhead_s=max(0.0, float(np.median(self._overheads))))
 
     def describe(self) -> dict:
         """The model in force (JSON-safe) and where it comes from."""

@@ -17,7 +17,6 @@ from slo.policy import feasibility as F
 from slo.policy import playout, promises
 from slo.policy.playout import Prompt
 from slo.policy.retry_book import Booking
-from slo.sim.engine_model import attention_pairs
 from slo.sim.lanes import deadline_of_priority, engine_priority, kv_reserved_from
 
 # Prompts sent to an idle engine within this of the first share the step it starts
@@ -52,7 +51,7 @@ class WorkAheadView:
         model, running = self.engine_model.model, load.running_requests
         remaining, chunks = self._step_in_progress(now, running)
         queue = self._in_engine(chunks, priority)
-        untracked = (load.pending_prefill_tokens - self.limiter.waiting_work()[0]
+        untracked = (load.pending_prefill_tokens - sum(self.limiter.waiting_prompts())
                      - sum(p.left for p in self.load.in_engine if p.pending))
         if untracked > 0:  # counted by the tracker, not by any prompt: one fresh prompt
             queue.append(Prompt(untracked, 0, 0, False))
@@ -60,11 +59,11 @@ class WorkAheadView:
                   for tokens in self.limiter.waiting_prompts(lane, deadline, rank)]
         kv_free = (self.kv_free_tokens(load.kv_cache_usage) - sum(chunks.values())
                    - kv_reserved_from(lane, vip_kv_reserve))
-        return F.WorkAhead(
-            sum(p.left for p in queue), running, remaining, self.limiter.slot_wait_s(lane, now),
-            sum(attention_pairs(p.computed, p.left) for p in queue), len(queue),
-            kv_free, self.limiter.kv_free_rate(now), self.load.preemptable_by(priority),
-            self.load.kv_use_rate, queue=tuple(queue))
+        return F.queued(
+            queue, running, step_remaining_s=remaining,
+            slot_wait_s=self.limiter.slot_wait_s(lane, now), kv_free_tokens=kv_free,
+            kv_free_rate=self.limiter.kv_free_rate(now),
+            kv_preemptable=self.load.preemptable_by(priority), kv_use_rate=self.load.kv_use_rate)
 
     def holds_back(self, tokens: int, priority: int, deadline: float, epoch: float,
                    now: float, coming: Sequence[Booking] = ()) -> bool:

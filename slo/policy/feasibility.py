@@ -102,6 +102,14 @@ class WorkAhead:
         return max(0, self.running - started)
 
 
+def queued(queue: list[Prompt], running: int, **rest) -> WorkAhead:
+    """The work ahead of `queue`'s prompts, one by one and summed, beside `running`
+    sequences; `rest`: the other fields of `WorkAhead`."""
+    return WorkAhead(sum(p.left for p in queue), running,
+                     prefill_pairs=sum(attention_pairs(p.computed, p.left) for p in queue),
+                     prompts=len(queue), queue=tuple(queue), **rest)
+
+
 @dataclass(frozen=True, slots=True)
 class Feasibility:
     action: str  # ADMIT / TRUNCATE / BEST_EFFORT / DEFER / REFUSE
@@ -132,13 +140,9 @@ def share_of_pairs(pairs: int, tokens: int, part: int) -> int:
 
 def first_token_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
     """Estimated seconds from now to the request's first token."""
-    if ahead.queue is not None and ahead.shares_steps:  # steps and KV prompt by prompt
-        steps_s, kv_tokens = playout.newcomer_steps(model, ahead.decodes, ahead.queue,
-                                                    prompt_tokens)
-        return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
-                + kv_wait_s(ahead, needed=kv_tokens) + steps_s)
+    steps_s, needed = own_prefill(model, prompt_tokens, ahead)
     return (model.overhead_s + ahead.step_remaining_s + ahead.slot_wait_s
-            + kv_wait_s(ahead, prompt_tokens) + own_prefill_s(model, prompt_tokens, ahead))
+            + kv_wait_s(ahead, needed=needed) + steps_s)
 
 
 def alone(ahead: WorkAhead, prompt_tokens: int) -> bool:
@@ -184,8 +188,28 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
     beside those ahead, which take what their caps allow of each step meanwhile,
     as long as the step's budget holds them all; if it cannot, or it waits in front
     for them (`shares_steps` false), arrival order again."""
-    if ahead.queue is not None:
-        return _own_prefill_by_prompt(model, prompt_tokens, ahead)
+    return own_prefill(model, prompt_tokens, ahead)[0]
+
+
+def own_prefill(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> tuple[float, int]:
+    """`own_prefill_s`, and the KV-cache tokens that must fit for it (`kv_wait_s`). Prompt
+    by prompt (`ahead.queue`): the steps played out (`playout.newcomer_steps`), and the
+    tokens they take until its first token, not what a document beside it takes after;
+    waiting in front for those ahead, after all of them in whole-budget steps. From the
+    sums alone: every token ahead and its own."""
+    if ahead.queue is not None and ahead.shares_steps:
+        return playout.newcomer_steps(model, ahead.decodes, ahead.queue, prompt_tokens)
+    every = ahead.prefill_tokens + prompt_tokens
+    if ahead.queue is None:
+        return _summed_prefill_s(model, prompt_tokens, ahead), every
+    tokens = sum(p.left for p in ahead.queue) + prompt_tokens
+    pairs = (sum(attention_pairs(p.computed, p.left) for p in ahead.queue)
+             + attention_pairs(0, prompt_tokens))
+    return prefill_s(model, tokens, ahead.decodes, pairs), every
+
+
+def _summed_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
+    """`own_prefill_s` from the sums of the prompts ahead."""
     cap = model.chunk_cap(ahead.running + ahead.prompts + 1)
     own_pairs, room = attention_pairs(0, prompt_tokens), model.token_budget - ahead.running
     beside = min(ahead.prompts * cap, ahead.prefill_tokens)  # ahead's tokens a step
@@ -200,17 +224,6 @@ def own_prefill_s(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> f
                          steps * ahead.running + prompt_tokens + done_ahead,
                          own_pairs + share_of_pairs(ahead.prefill_pairs, ahead.prefill_tokens,
                                                     done_ahead))
-
-
-def _own_prefill_by_prompt(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> float:
-    """`own_prefill_s` from the queue prompt by prompt (`playout.newcomer_s`); waiting
-    in front for those ahead, after all of them in whole-budget steps."""
-    if ahead.shares_steps:
-        return playout.newcomer_s(model, ahead.decodes, ahead.queue, prompt_tokens)
-    tokens = sum(p.left for p in ahead.queue) + prompt_tokens
-    pairs = (sum(attention_pairs(p.computed, p.left) for p in ahead.queue)
-             + attention_pairs(0, prompt_tokens))
-    return prefill_s(model, tokens, ahead.decodes, pairs)
 
 
 def drain_s(model: EngineModel, ahead: WorkAhead, prompt_tokens: int = 0) -> float:

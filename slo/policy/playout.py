@@ -7,7 +7,7 @@ prompt's own chunk (`attention_pairs(computed, chunk)`).
 
 Two questions are asked of it: when does each prompt the engine holds get its first
 token (`first_token_s`: admission's promises, `slo.policy.promises`), and when does a
-newcomer behind given prompts get its own (`newcomer_s`: the deadline check's
+newcomer behind given prompts get its own (`newcomer_steps`: the deadline check's
 estimate, `slo.policy.feasibility`). Prompt by prompt, not as one sum of tokens: a
 document's first chunks attend to few tokens and its last to many, and a short prompt
 beside it finishes in a step or two while the document keeps taking its cap. The sums
@@ -25,7 +25,7 @@ from typing import Final
 
 from slo.sim.engine_model import EngineModel, attention_pairs
 
-# Steps played out at most: past them `first_token_s` says never and `newcomer_s`
+# Steps played out at most: past them `first_token_s` says never and `newcomer_steps`
 # prices what is left as whole-budget steps in arrival order.
 MAX_STEPS: Final = 64
 
@@ -75,19 +75,14 @@ def first_token_s(model: EngineModel, decodes: int, prompts: list[Prompt],
     return times
 
 
-def newcomer_s(model: EngineModel, decodes: int, ahead: Sequence[Prompt],
-               tokens: int) -> float:
-    """Seconds of engine steps, from the end of the step in progress, until a newcomer
-    of `tokens` prompt tokens entering now behind `ahead` (in the order given, or
-    vLLM's where some are started) has its first token, nothing else entering."""
-    return newcomer_steps(model, decodes, ahead, tokens)[0]
-
-
 def newcomer_steps(model: EngineModel, decodes: int, ahead: Sequence[Prompt],
                    tokens: int) -> tuple[float, int]:
-    """`newcomer_s`, and the KV-cache tokens those steps take (every token they
-    schedule: the prompts' chunks, its own included, and a token a decode): what must
-    be free, or come free, for it to have its first token without a preemption."""
+    """Seconds of engine steps, from the end of the step in progress, until a newcomer
+    of `tokens` prompt tokens entering now behind `ahead` (in the order given, or
+    vLLM's where some are started) has its first token, nothing else entering; and
+    the KV-cache tokens those steps take (every token they schedule: the prompts'
+    chunks, its own included, and a token a decode): what must be free, or come free,
+    for it to have its first token without a preemption."""
     if tokens <= 0:
         return 0.0, 0
     prompts = [*ahead, Prompt(tokens, 0, math.inf, False)]  # behind every one of them

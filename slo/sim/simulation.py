@@ -127,11 +127,10 @@ class Simulator:
         running = sum(1 for r in self.running if r.first_token is not None or r.started)
         reserve = kv_reserved_from(lane, self.decisions.vip_kv_reserve)
         free = self.model.kv_capacity_tokens - kv_cache.allocated(self.running) - reserve
-        return F.WorkAhead(sum(p.left for p in queue), running, step_left_s, slot_wait_s,
-                           sum(attention_pairs(p.computed, p.left) for p in queue), len(queue),
-                           free, sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S,
-                           kv_cache.preemptable(self.running, mine), self.kv_use_rate,
-                           queue=tuple(queue))
+        freed = sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S
+        return F.queued(queue, running, step_remaining_s=step_left_s, slot_wait_s=slot_wait_s,
+                        kv_free_tokens=free, kv_free_rate=freed, kv_use_rate=self.kv_use_rate,
+                        kv_preemptable=kv_cache.preemptable(self.running, mine))
 
     def _priority(self, req: SimRequest) -> int | None:
         """Its engine priority under vLLM's priority scheduling (None: arrival order)."""
