@@ -34,6 +34,9 @@ DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni"
 # vLLM's priority scheduling, so admission's order (lane, then deadline) holds inside the
 # engine too (`slo.sim.lanes.engine_priority`); `--scheduling-policy fcfs` keeps vLLM's.
 DEFAULT_SCHEDULING = ("--scheduling-policy", "priority")
+# Under priorities, vLLM's scheduler with VIP prompts first (`serving.engine.vip_first`);
+# an operator's `--scheduler-cls` wins.
+VIP_FIRST_SCHEDULER = ("--scheduler-cls", "serving.engine.vip_first.VipFirstScheduler")
 # vLLM's per-request prefill chunk cap, adaptive: while the engine is busy no prompt
 # takes more than 256 tokens of a step (so a short, urgent prompt is not held behind a
 # document's whole chunk), but never less than the step's fair share among the requests
@@ -69,12 +72,25 @@ def _chosen(extra: list[str], flag: str) -> bool:
 
 
 def scheduling_flags(extra: list[str]) -> tuple[str, ...]:
-    """`--scheduling-policy priority` unless the operator chose a policy, and the
-    adaptive prefill chunk cap unless they chose a threshold (their flags come after
-    these, so `--no-long-prefill-token-threshold-adaptive` wins too)."""
+    """`--scheduling-policy priority` unless the operator chose a policy, the adaptive
+    prefill chunk cap unless they chose a threshold (their flags come after these, so
+    `--no-long-prefill-token-threshold-adaptive` wins too), and under priorities the
+    VIP-first scheduler unless they chose a scheduler class."""
     policy = () if _chosen(extra, "--scheduling-policy") else DEFAULT_SCHEDULING
     cap = () if _chosen(extra, "--long-prefill-token-threshold") else DEFAULT_PREFILL_CAP
-    return (*policy, *cap)
+    vip_first = () if _chosen(extra, "--scheduler-cls") or not _priorities(extra) \
+        else VIP_FIRST_SCHEDULER
+    return (*policy, *cap, *vip_first)
+
+
+def _priorities(extra: list[str]) -> bool:
+    """Whether the engine schedules by priority: our default, or the operator's choice."""
+    for i, flag in enumerate(extra):
+        if flag.startswith("--scheduling-policy="):
+            return flag.partition("=")[2] == "priority"
+        if flag == "--scheduling-policy":
+            return extra[i + 1:i + 2] == ["priority"]
+    return True
 
 
 def cpu_dtype_flags(extra: list[str], cpu_flags: set[str] | None = None) -> tuple[str, ...]:
