@@ -183,7 +183,7 @@ class Admission:
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
         else:  # VIPs coming before its deadline go ahead of it
-            ahead = self.vips.ahead_of(ahead, deadline - now, now)
+            ahead = self.vips.ahead_of(ahead, deadline - now, now, priority is not None)
         check = F.judge(model, prompt_tokens, ahead,
                         deadline - now, vip=rec.vip, truncate_to=d.deadline_truncate_tokens,
                         margin=d.deadline_margin or F.DEFAULT_MARGIN, slowdown=d.slowdown,

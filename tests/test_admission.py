@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,7 @@ def test_truncation_keeps_the_first_tokens():
 
 
 DEADLINE = dict(deadline_margin=0.8, deadline_truncate_tokens=4096)
+RT = LANE_PRIORITY_STEP  # the realtime lane's engine priorities start here (VIPs' below)
 
 
 def _queue(adm: Admission, tokens: int) -> None:
@@ -146,8 +148,10 @@ def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
     model = adm.engine_model.model
     if outcome is None:
         assert not isinstance(verdict, Refusal)
+        # a VIP's prompt is prefilled first (`serving.engine.vip_first`): the tokens
+        # queued are not ahead of it
         assert rec.ttft_estimate_s == pytest.approx(
-            F.first_token_s(model, 10, _ahead(model, queued)), abs=0.01)
+            F.first_token_s(model, 10, replace(_ahead(model, queued), own_vip=vip)), abs=0.01)
         return
     err = from_refusal(verdict)
     drain = F.drain_s(model, _ahead(model, queued))
@@ -288,16 +292,16 @@ def test_a_newcomer_passes_the_prompts_waiting_in_the_engine_that_are_due_after_
         adm.load._second.on_scheduler(1, 0, 0.1)
         adm.engine_model.last_step_end = time.monotonic() - 0.001
         loop, prefills = asyncio.get_running_loop(), []
-        for tokens, priority in ((400, 0), (300, 2000), (500, 5000)):
+        for tokens, priority in ((400, RT), (300, RT + 2000), (500, RT + 5000)):
             await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
             adm.load.admit(tokens)
             prefills.append(PrefillEnd(adm, tokens, loop, priority))
         prefills[0].chunk(200)  # A is started: vLLM runs it before any waiting prompt
         work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
-                              priority=newcomer)
+                              priority=None if newcomer is None else RT + newcomer)
         prefills[1].ended()  # B has its first token: nobody passes it any more
         return work, adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0),
-                                    time.monotonic(), priority=1000)
+                                    time.monotonic(), priority=RT + 1000)
 
     work, later = asyncio.run(scenario())
     assert work.prefill_tokens == 200 + 300 + 500 - sum(passed)
@@ -385,17 +389,17 @@ def test_a_newcomer_passes_no_prompt_the_step_in_progress_started():
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
         adm.load._second.on_scheduler(2, 0, 0.1)  # one decode and A running
         loop, prefills = asyncio.get_running_loop(), []
-        for tokens, priority in ((400, 0), (3000, 2000), (500, 5000)):
+        for tokens, priority in ((400, RT), (3000, RT + 2000), (500, RT + 5000)):
             await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=tokens)
             adm.load.admit(tokens)
             prefills.append(PrefillEnd(adm, tokens, loop, priority))
         prefills[0].chunk(300)
         await adm.limiter.acquire(R.PRIORITY_REALTIME, tokens=2000)
         adm.load.admit(2000)
-        PrefillEnd(adm, 2000, loop, 0).ended()  # its first token came: none of it is left
+        PrefillEnd(adm, 2000, loop, RT).ended()  # its first token came: none of it is left
         adm.engine_model.last_step_end = time.monotonic()  # the step began: it holds all
         work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
-                              priority=1000)
+                              priority=RT + 1000)
         return adm.engine_model.model, work
 
     model, work = asyncio.run(scenario())

@@ -113,3 +113,26 @@ def test_the_kv_room_needed_is_what_the_steps_until_its_first_token_take():
     assert F.first_token_s(MODEL, 300, work) == pytest.approx(0.3 + 0.81)
     summed = F.WorkAhead(2500, 0, prompts=1, kv_free_tokens=500, kv_free_rate=1000.0)
     assert F.kv_wait_s(summed, 300) == pytest.approx(2.3)
+
+
+@pytest.mark.parametrize("ahead,vip,expected_s", [
+    # a VIP behind four started prompts of 300: its 300 take the first step alone
+    # (uncapped), theirs the next two (250, then 50 beside the VIP's decode)
+    ([Prompt(300, 0, 0, True)] * 4, True, 0.31),
+    # the same newcomer not a VIP: the four take 250 each, it waits for the second step
+    # (50 each and 250 of its own), and a third for its last 50 beside four decodes
+    ([Prompt(300, 0, 0, True)] * 4, False, 1.01 + 0.46 + 0.064),
+    # a realtime newcomer behind a waiting VIP prompt of 600 and a started document:
+    # the VIP's step (600 alone), then the document's cap (a third of the budget: three
+    # in the engine) and its own 300 beside the VIP's decode
+    ([Prompt(2000, 0, 0, True), Prompt(600, 0, 0, False, vip=True)], False,
+     0.61 + (0.01 + 0.001 * (333 + 300 + 1))),
+])
+def test_a_vip_prompt_takes_its_steps_alone_and_uncapped(ahead, vip, expected_s):
+    assert playout.newcomer_steps(MODEL, 0, ahead, 300, vip)[0] == pytest.approx(expected_s)
+
+
+def test_the_prompts_in_the_engine_wait_for_a_vip_prompt_among_them():
+    times = playout.first_token_s(MODEL, 0, [Prompt(200, 0, 0, True),
+                                             Prompt(900, 0, 0, False, vip=True)])
+    assert times == pytest.approx([0.91 + 0.211, 0.91])  # the VIP's step, then the rest

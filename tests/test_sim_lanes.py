@@ -19,6 +19,7 @@ from slo.sim.lanes import (
     kv_fits,
     kv_reserved_from,
     slot_wait_s,
+    vips_first,
 )
 from slo.sim.request import SimRequest
 from slo.sim.simulation import Simulator
@@ -201,3 +202,38 @@ def test_the_simulated_kv_preemptable_is_what_started_requests_due_after_it_hold
     assert kv_cache.preemptable(running, 1000) == 820 + 256
     assert kv_cache.preemptable(running, 4500) == 820
     assert kv_cache.preemptable(running, None) == 0
+
+
+def test_the_simulated_engine_prefills_a_vip_prompt_first_and_uncapped():
+    """As `serving.engine.vip_first` on vLLM's scheduler (tests/test_vip_first.py)."""
+    model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000,
+                        prefill_chunk_cap=256, prefill_cap_adaptive=True)
+    sim = Simulator(model, P.PolicyConfig())
+    sim.decisions = replace(sim.decisions, deadline_margin=1.0)
+    docs = [waiter(0.0, target=1.5, prompt=3000) for _ in range(3)]
+    vip = waiter(0.1, target=0.2, prompt=900, vip=True)
+    for req in (*docs, vip):
+        req.engine_priority = sim._priority(req)
+        sim.running.append(req)
+    for doc in docs:
+        doc.started, doc.prefilled, doc.context = True, 256, 3000
+    assert [(r is vip, take) for r, take in sim._chunks(2048, 20_000)] == [(True, 900)]
+    vip.started, vip.prefilled, vip.context, vip.first_token = True, 900, 900, 0.15
+    # its prompt done: the documents' chunks again, a fair share of four each
+    assert [take for _, take in sim._chunks(2048, 20_000)] == [512, 512, 512]
+    assert vips_first([*docs], 20_000) is None  # no VIP prompt: vLLM's own rule
+
+
+@pytest.mark.parametrize("kv_free, expected", [(2000, ["v1", "v2"]), (1000, ["v1"]),
+                                               (500, None)])
+def test_waiting_vips_go_first_while_their_prompts_fit(kv_free, expected):
+    reqs = {name: waiter(0.0, prompt=prompt) for name, prompt in
+            (("doc", 2000), ("v1", 800), ("v2", 700), ("rt", 100))}
+    reqs["doc"].started, reqs["doc"].engine_priority = True, LANE_PRIORITY_STEP + 9
+    reqs["v1"].engine_priority, reqs["v2"].engine_priority = 5, 6
+    reqs["rt"].engine_priority = LANE_PRIORITY_STEP + 1
+    got = vips_first(list(reqs.values()), kv_free)
+    assert (None if got is None else [k for k, r in reqs.items() if r in got]) == expected
+    for r in reqs.values():
+        r.engine_priority = 0  # the deadline check off: every priority 0
+    assert vips_first(list(reqs.values()), kv_free) is None

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from slo.sim.lanes import LANE_PRIORITY_STEP
+from slo.sim.lanes import vip_priority
 
 
 def is_vip(request) -> bool:
-    return request.priority < LANE_PRIORITY_STEP
+    return vip_priority(request.priority)
 
 
 def prefilling(request) -> bool:

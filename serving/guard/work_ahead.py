@@ -17,7 +17,8 @@ from slo.policy import feasibility as F
 from slo.policy import playout, promises
 from slo.policy.playout import Prompt
 from slo.policy.retry_book import Booking
-from slo.sim.lanes import deadline_of_priority, engine_priority, kv_reserved_from
+from slo.sim.lanes import LANE_VIP, deadline_of_priority, engine_priority, kv_reserved_from
+from slo.sim.lanes import vip_priority
 
 # Prompts sent to an idle engine within this of the first share the step it starts
 # (vLLM's engine core takes what has come in before it schedules).
@@ -49,7 +50,7 @@ class WorkAheadView:
         same and due earlier); the KV cache free to it, less any `vip_kv_reserve`
         unless it is a VIP."""
         model, running = self.engine_model.model, load.running_requests
-        remaining, chunks = self._step_in_progress(now, running)
+        remaining, chunks = self._step_in_progress(now, running, priority is not None)
         queue = self._in_engine(chunks, priority)
         untracked = (load.pending_prefill_tokens - sum(self.limiter.waiting_prompts())
                      - sum(p.left for p in self.load.in_engine if p.pending))
@@ -63,7 +64,8 @@ class WorkAheadView:
             queue, running, step_remaining_s=remaining,
             slot_wait_s=self.limiter.slot_wait_s(lane, now), kv_free_tokens=kv_free,
             kv_free_rate=self.limiter.kv_free_rate(now),
-            kv_preemptable=self.load.preemptable_by(priority), kv_use_rate=self.load.kv_use_rate)
+            kv_preemptable=self.load.preemptable_by(priority), kv_use_rate=self.load.kv_use_rate,
+            own_vip=priority is not None and lane == LANE_VIP)
 
     def holds_back(self, tokens: int, priority: int, deadline: float, epoch: float,
                    now: float, coming: Sequence[Booking] = ()) -> bool:
@@ -77,7 +79,8 @@ class WorkAheadView:
         if not any(p.priority < priority for p in (*held, *booked)):
             return False
         prompts = [Prompt(p.left, p.computed, p.priority, not p.waiting,
-                          deadline_of_priority(p.priority, epoch) - now) for p in held] + booked
+                          deadline_of_priority(p.priority, epoch) - now,
+                          vip=vip_priority(p.priority)) for p in held] + booked
         decodes = sum(1 for p in self.load.in_engine if not p.pending)
         since = self.engine_model.since_last_step_s(now)
         remaining = 0.0 if since is None else max(0.0, self.load.recent_step_s - since)
@@ -85,14 +88,16 @@ class WorkAheadView:
                                    Prompt(tokens, 0, priority, False, deadline - now),
                                    remaining)
 
-    def _step_in_progress(self, now: float, running: int) -> tuple[float, dict]:
+    def _step_in_progress(self, now: float, running: int,
+                          vip_first: bool) -> tuple[float, dict]:
         """The rest of the engine's step in progress, and the chunk it takes of each
         prompt it holds. A busy engine began it as its last step ended, with the
         prompts it held then (not those sent since, which wait for the next step); an
         idle one (nothing running or held when its last step ended) begins one the
         moment a prompt comes, with that prompt and any sent with it (`JOIN_S`). Its
         chunks go as vLLM's scheduler gives them (`playout.step_chunks`); its phase
-        unknown (no step seen yet, or it runs past the model), half of it is left."""
+        unknown (no step seen yet, or it runs past the model), half of it is left.
+        `vip_first`: under priorities (the engine prefills VIP prompts first)."""
         model, since = self.engine_model.model, self.engine_model.since_last_step_s(now)
         pending = [p for p in self.load.in_engine if p.pending and p.left > 0]
         began, held = None, pending
@@ -109,8 +114,9 @@ class WorkAheadView:
         held.sort(key=lambda p: (p.waiting, p.priority, p.entered_at))
         left = [p.left for p in held]
         decodes = max(0, running - sum(not p.waiting for p in pending))
+        vips = [vip_first and vip_priority(p.priority) for p in held]
         _, n, tokens, pairs = playout.step_chunks(model, decodes, list(range(len(held))), left,
-                                                  [p.computed for p in held])
+                                                  [p.computed for p in held], vips)
         step = model.step_s(decodes + n, decodes + tokens, pairs)
         elapsed = None if began is None else now - began
         remaining = step - elapsed if elapsed is not None and 0 <= elapsed < step else 0.5 * step
@@ -127,6 +133,7 @@ class WorkAheadView:
             if not p.pending or p.left <= chunk or (
                     not started and priority is not None and p.priority > priority):
                 continue
+            vip = priority is not None and vip_priority(p.priority)
             prompts.append((not started, p.priority, p.entered_at,
-                            Prompt(p.left - chunk, p.computed + chunk, 0, started)))
+                            Prompt(p.left - chunk, p.computed + chunk, 0, started, vip=vip)))
         return [prompt for *_, prompt in sorted(prompts, key=lambda e: e[:3])]

@@ -83,14 +83,16 @@ class WorkAhead:
     # The same prompts one by one, in vLLM's order (started ones first, `playout`),
     # after the step in progress; None: only the sums above are known
     queue: tuple[Prompt, ...] | None = None
+    own_vip: bool = False  # its own prompt is a VIP's, under priorities: prefilled first
 
-    def with_prefill(self, tokens: int, pairs: int) -> WorkAhead:
+    def with_prefill(self, tokens: int, pairs: int, vip: bool = False) -> WorkAhead:
         """The same, with `tokens` more prompt tokens (holding `pairs` attention pairs)
-        to prefill ahead: booked retries, VIPs still to come (one fresh prompt in the
-        queue)."""
+        to prefill ahead: booked retries, VIPs still to come (`vip`: which the engine
+        prefills first; one fresh prompt in the queue)."""
         if not tokens:
             return self
-        queue = None if self.queue is None else (*self.queue, Prompt(tokens, 0, 0, False))
+        queue = None if self.queue is None else \
+            (*self.queue, Prompt(tokens, 0, 0, False, vip=vip))
         return replace(self, prefill_tokens=self.prefill_tokens + tokens,
                        prefill_pairs=self.prefill_pairs + pairs, queue=queue)
 
@@ -198,7 +200,8 @@ def own_prefill(model: EngineModel, prompt_tokens: int, ahead: WorkAhead) -> tup
     waiting in front for those ahead, after all of them in whole-budget steps. From the
     sums alone: every token ahead and its own."""
     if ahead.queue is not None and ahead.shares_steps:
-        return playout.newcomer_steps(model, ahead.decodes, ahead.queue, prompt_tokens)
+        return playout.newcomer_steps(model, ahead.decodes, ahead.queue, prompt_tokens,
+                                      ahead.own_vip)
     every = ahead.prefill_tokens + prompt_tokens
     if ahead.queue is None:
         return _summed_prefill_s(model, prompt_tokens, ahead), every

@@ -12,8 +12,10 @@ estimate, `slo.policy.feasibility`). Prompt by prompt, not as one sum of tokens:
 document's first chunks attend to few tokens and its last to many, and a short prompt
 beside it finishes in a step or two while the document keeps taking its cap. The sums
 put the steps of a 5x surge's queue at 1.6-2.7x what they took (docs/benchmarks.md,
-"The estimate, prompt by prompt"). KV-cache room and decodes that end mid-way are
-left out here (`feasibility.kv_wait_s` adds the former).
+"The estimate, prompt by prompt"). Under priorities the engine prefills VIP prompts
+first (`serving.engine.vip_first`): a step with a VIP prompt in it is the VIPs' alone,
+uncapped. KV-cache room and decodes that end mid-way are left out here
+(`feasibility.kv_wait_s` adds the former).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Prompt:
     started: bool  # vLLM has scheduled a chunk of it (it is running, served first)
     due_s: float = math.inf  # seconds from now to its first-token deadline
     arrives_s: float = 0.0  # seconds from now until it is in the engine (a booked retry)
+    vip: bool = False  # a VIP's, under priorities: prefilled first (`step_chunks`)
 
 
 def scheduling_order(prompts: Sequence[Prompt]) -> list[int]:
@@ -57,6 +60,7 @@ def first_token_s(model: EngineModel, decodes: int, prompts: list[Prompt],
     order = scheduling_order(prompts)
     left = [p.left for p in prompts]
     done = [p.computed for p in prompts]
+    vips = [p.vip for p in prompts]
     times = [0.0 if n <= 0 else math.inf for n in left]
     clock = step_remaining_s
     for _ in range(MAX_STEPS):
@@ -67,7 +71,8 @@ def first_token_s(model: EngineModel, decodes: int, prompts: list[Prompt],
         if not active:  # an idle engine until the next one comes
             clock = min(prompts[i].arrives_s for i in pending)
             continue
-        finished, chunks, tokens, pairs = step_chunks(model, decodes, active, left, done)
+        finished, chunks, tokens, pairs = step_chunks(model, decodes, active, left, done,
+                                                      vips)
         clock += model.step_s(decodes + chunks, decodes + tokens, pairs)
         for i in finished:
             times[i] = clock
@@ -76,23 +81,26 @@ def first_token_s(model: EngineModel, decodes: int, prompts: list[Prompt],
 
 
 def newcomer_steps(model: EngineModel, decodes: int, ahead: Sequence[Prompt],
-                   tokens: int) -> tuple[float, int]:
+                   tokens: int, vip: bool = False) -> tuple[float, int]:
     """Seconds of engine steps, from the end of the step in progress, until a newcomer
     of `tokens` prompt tokens entering now behind `ahead` (in the order given, or
     vLLM's where some are started) has its first token, nothing else entering; and
     the KV-cache tokens those steps take (every token they schedule: the prompts'
     chunks, its own included, and a token a decode): what must be free, or come free,
-    for it to have its first token without a preemption."""
+    for it to have its first token without a preemption. `vip`: the newcomer is a
+    VIP's (under priorities)."""
     if tokens <= 0:
         return 0.0, 0
-    prompts = [*ahead, Prompt(tokens, 0, math.inf, False)]  # behind every one of them
+    prompts = [*ahead, Prompt(tokens, 0, math.inf, False, vip=vip)]  # behind all of them
     order, own = scheduling_order(prompts), len(prompts) - 1
     left = [p.left for p in prompts]
     done = [p.computed for p in prompts]
+    vips = [p.vip for p in prompts]
     clock, taken = 0.0, 0
     for _ in range(MAX_STEPS):
         active = [i for i in order if left[i] > 0]
-        finished, chunks, step_tokens, pairs = step_chunks(model, decodes, active, left, done)
+        finished, chunks, step_tokens, pairs = step_chunks(model, decodes, active, left, done,
+                                                           vips)
         if not chunks:  # the decodes leave no token of a step for prefill
             return math.inf, taken
         clock += model.step_s(decodes + chunks, decodes + step_tokens, pairs)
@@ -117,12 +125,15 @@ def _whole_steps_s(model: EngineModel, decodes: int, lefts: list[int], pairs: in
 
 
 def step_chunks(model: EngineModel, decodes: int, active: list[int], left: list[int],
-                done: list[int]) -> tuple[list[int], int, int, int]:
+                done: list[int], vips: Sequence[bool] = ()) -> tuple[list[int], int, int, int]:
     """One step's prefill chunks for the `active` prompts (in scheduling order), taken
     off `left` (and added to `done`) in place: the prompts it finishes, how many
-    chunks, their tokens and attention pairs."""
+    chunks, their tokens and attention pairs. With a VIP's among them (`vips`, by
+    index), the VIPs' alone, uncapped (`serving.engine.vip_first`)."""
     budget = model.token_budget - decodes
     cap = model.chunk_cap(decodes + len(active)) or budget
+    if vips and any(vips[i] for i in active):
+        active, cap = [i for i in active if vips[i]], budget
     finished, chunks, tokens, pairs = [], 0, 0, 0
     for i in active:
         take = min(left[i], cap, budget)

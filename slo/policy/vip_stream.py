@@ -60,9 +60,11 @@ class VipStream:
         share = min(horizon_s, 10 * self.window_s) / self.window_s
         return round(self._tokens * share), round(self._pairs * share)
 
-    def ahead_of(self, ahead: F.WorkAhead, left_s: float, now: float) -> F.WorkAhead:
-        """`ahead` plus the VIP work expected before a newcomer's deadline, `left_s` away."""
-        return ahead.with_prefill(*self.expected(left_s, now))
+    def ahead_of(self, ahead: F.WorkAhead, left_s: float, now: float,
+                 first: bool = False) -> F.WorkAhead:
+        """`ahead` plus the VIP work expected before a newcomer's deadline, `left_s` away;
+        `first`: under priorities, where the engine prefills VIP prompts first."""
+        return ahead.with_prefill(*self.expected(left_s, now), vip=first)
 
     def _forget(self, now: float) -> None:
         while self._arrivals and self._arrivals[0][0] <= now - self.window_s:

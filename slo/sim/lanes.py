@@ -47,6 +47,29 @@ def engine_priority(lane: str, deadline_s: float, epoch_s: float) -> int:
     return LANES.index(lane) * LANE_PRIORITY_STEP + due_ms
 
 
+def vip_priority(priority: int) -> bool:
+    """An engine priority in the VIP lane's range: the engine prefills it first
+    (`serving.engine.vip_first`). With the deadline policy off every priority is 0."""
+    return priority < LANE_PRIORITY_STEP
+
+
+def vips_first(order: list, kv_free: int) -> list | None:
+    """The simulated engine's prompts (`order`: started first, then by priority) that a
+    step prefills, uncapped, under `serving.engine.vip_first`: the VIPs' started ones,
+    and their waiting ones while each fits `kv_free`; None: vLLM's own rule (no VIP
+    prompt to prefill, or every request a VIP's)."""
+    if all(vip_priority(r.engine_priority) for r in order):
+        return None
+    vips = [r for r in order if r.started and r.first_token is None
+            and vip_priority(r.engine_priority)]
+    for r in (r for r in order if not r.started):
+        if not vip_priority(r.engine_priority) or r.prompt > kv_free:
+            break
+        vips.append(r)
+        kv_free -= r.prompt
+    return vips or None
+
+
 def deadline_of_priority(priority: int, epoch_s: float) -> float:
     """The deadline (monotonic seconds) an `engine_priority` was made from."""
     return epoch_s + (priority % LANE_PRIORITY_STEP) / 1000

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from observe import registry as R
 from slo.policy.playout import Prompt
-from slo.sim.lanes import deadline_of
+from slo.sim.lanes import deadline_of, vip_priority
 from slo.tenants import SHED_ERROR, SHED_PREFIXES
 
 OK, REJECTED = R.STATUS_OK, R.STATUS_REJECTED
@@ -42,9 +42,9 @@ class SimRequest:
     def pending_prompt(self, now: float, priority: int | None = None) -> Prompt:
         """Its prefill as admission's promise keeper sees it (`slo.policy.promises`),
         with its engine priority or `priority` (one not yet in the engine)."""
+        priority = self.engine_priority if priority is None else priority
         return Prompt(max(0, (self.context or self.prompt) - self.prefilled), self.prefilled,
-                      self.engine_priority if priority is None else priority, self.started,
-                      deadline_of(self) - now)
+                      priority, self.started, deadline_of(self) - now, vip=vip_priority(priority))
 
     @property
     def shed(self) -> bool:

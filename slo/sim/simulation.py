@@ -30,19 +30,9 @@ from slo.policy.promises import holds_back
 from slo.policy.vip_stream import VipStream
 from slo.sim import kv_cache
 from slo.sim.engine_model import EngineModel, attention_pairs
-from slo.sim.lanes import (
-    LANE_VIP,
-    RELEASE_WINDOW_S,
-    Lanes,
-    deadline_of,
-    engine_priority,
-    enters_at_once,
-    gate_fits,
-    kv_fits,
-    kv_reserved_from,
-    lane_of,
-    slot_wait_s,
-)
+from slo.sim.lanes import (LANE_VIP, RELEASE_WINDOW_S, Lanes, deadline_of, engine_priority,
+                           enters_at_once, gate_fits, kv_fits, kv_reserved_from, lane_of,
+                           slot_wait_s, vip_priority, vips_first)
 from slo.sim.request import REJECTED, SimRequest
 
 LIMITER_MAX_WAIT_S = 120.0  # serving.limiter.Limiter's default
@@ -93,7 +83,7 @@ class Simulator:
             left = req.target_s - self.model.overhead_s
             ahead = self._work_ahead(req, self.now - seen)
             if lane_of(req) != LANE_VIP:
-                ahead = self.vips.ahead_of(ahead, left, self.now)
+                ahead = self.vips.ahead_of(ahead, left, self.now, self._priority(req) is not None)
             ahead = replace(ahead, shares_steps=not self._holds_back(req))  # else waits
             check = F.judge(self.model, req.prompt, ahead, left, vip=req.vip,
                             truncate_to=d.deadline_truncate_tokens,
@@ -118,7 +108,8 @@ class Simulator:
         waiting in its lane or before it, the slot wait."""
         self._forget_releases()
         lane, mine = lane_of(req), self._priority(req)
-        queue = [Prompt(max(0, (r.context or r.prompt) - r.prefilled), r.prefilled, 0, r.started)
+        queue = [Prompt(max(0, (r.context or r.prompt) - r.prefilled), r.prefilled, 0, r.started,
+                        vip=mine is not None and vip_priority(r.engine_priority))
                  for r in self.running if r.started or mine is None or r.engine_priority <= mine]
         waiters = list(self.lanes.ahead(lane, deadline_of(req)))
         queue = [p for p in queue + [Prompt(r.prompt, 0, 0, False) for r in waiters] if p.left]
@@ -130,7 +121,8 @@ class Simulator:
         freed = sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S
         return F.queued(queue, running, step_remaining_s=step_left_s, slot_wait_s=slot_wait_s,
                         kv_free_tokens=free, kv_free_rate=freed, kv_use_rate=self.kv_use_rate,
-                        kv_preemptable=kv_cache.preemptable(self.running, mine))
+                        kv_preemptable=kv_cache.preemptable(self.running, mine),
+                        own_vip=mine is not None and lane == LANE_VIP)
 
     def _priority(self, req: SimRequest) -> int | None:
         """Its engine priority under vLLM's priority scheduling (None: arrival order)."""
@@ -224,11 +216,15 @@ class Simulator:
         """The prefill chunks of this step, as vLLM schedules them: its running requests
         first, then its waiting ones in order, starting one only when its whole prompt
         fits the free KV cache (and none behind one that does not); blocks are taken
-        chunk by chunk, so a started prompt's later chunks need room when they come."""
+        chunk by chunk, so a started prompt's later chunks need room when they come.
+        With a VIP prompt to prefill, the VIPs' alone, uncapped."""
         cap = self.model.chunk_cap(len(self.running)) or budget
-        chunks = []
-        for r in sorted(self.running, key=lambda r: (not r.started,
-                                                     0 if r.started else r.engine_priority)):
+        order = sorted(self.running, key=lambda r: (not r.started,
+                                                    0 if r.started else r.engine_priority))
+        vips, chunks = vips_first(order, kv_free), []
+        if vips:  # the engine's VIP-first scheduler (`serving.engine.vip_first`)
+            order, cap = vips, budget
+        for r in order:
             if budget <= 0:
                 break
             if not r.started:
