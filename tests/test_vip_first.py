@@ -21,7 +21,12 @@ from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from serving.engine.embedded_model import ensure_model  # noqa: E402
-from serving.engine.vip_first import VipFirstScheduler, vip_prefill_tokens  # noqa: E402
+from serving.engine.setup import choose_scheduler  # noqa: E402
+from serving.engine.vip_first import (  # noqa: E402
+    VipFirstAsyncScheduler,
+    VipFirstScheduler,
+    vip_prefill_tokens,
+)
 from slo.sim.lanes import LANE_PRIORITY_STEP  # noqa: E402
 
 BLOCK = 16
@@ -117,3 +122,25 @@ def test_the_vip_tokens_counted():
     assert vip_prefill_tokens(running, waiting, free_tokens=1000) == 300 + 400
     assert vip_prefill_tokens(running, waiting, free_tokens=100) == 300
     assert vip_prefill_tokens([R(0, 900, 0)], [R(0, 100, 0)], free_tokens=10**6) == 0
+
+
+def test_the_async_variant_gives_a_vip_prompt_the_step_too():
+    sched = scheduler(VipFirstAsyncScheduler)
+    add(sched, "doc", 4000, REALTIME)
+    sched.schedule()  # async: the next step is scheduled before this one's output
+    add(sched, "vip", 900, VIP)
+    assert dict(sched.schedule().num_scheduled_tokens) == {"vip": 900}
+
+
+@pytest.mark.parametrize("policy, chosen, async_scheduling, expected", [
+    ("priority", None, False, "serving.engine.vip_first.VipFirstScheduler"),
+    ("priority", None, True, "serving.engine.vip_first.VipFirstAsyncScheduler"),
+    ("priority", "my.Scheduler", False, "my.Scheduler"),  # the operator's choice wins
+    ("fcfs", None, False, None),  # no priorities: no VIP range to put first
+])
+def test_the_vip_first_scheduler_is_chosen_under_priorities(policy, chosen, async_scheduling,
+                                                             expected):
+    config = SchedulerConfig(max_model_len=4096, is_encoder_decoder=False, policy=policy,
+                             scheduler_cls=chosen, async_scheduling=async_scheduling)
+    choose_scheduler(config)
+    assert config.scheduler_cls == expected

@@ -34,9 +34,10 @@ DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni"
 # vLLM's priority scheduling, so admission's order (lane, then deadline) holds inside the
 # engine too (`slo.sim.lanes.engine_priority`); `--scheduling-policy fcfs` keeps vLLM's.
 DEFAULT_SCHEDULING = ("--scheduling-policy", "priority")
-# Under priorities, vLLM's scheduler with VIP prompts first (`serving.engine.vip_first`);
-# an operator's `--scheduler-cls` wins.
-VIP_FIRST_SCHEDULER = ("--scheduler-cls", "serving.engine.vip_first.VipFirstScheduler")
+# Under priorities, vLLM's scheduler with VIP prompts first (`serving.engine.vip_first`),
+# the async one where vLLM chose async scheduling; an operator's `--scheduler-cls` wins.
+VIP_FIRST_SCHEDULERS = {False: "serving.engine.vip_first.VipFirstScheduler",
+                        True: "serving.engine.vip_first.VipFirstAsyncScheduler"}
 # vLLM's per-request prefill chunk cap, adaptive: while the engine is busy no prompt
 # takes more than 256 tokens of a step (so a short, urgent prompt is not held behind a
 # document's whole chunk), but never less than the step's fair share among the requests
@@ -72,25 +73,21 @@ def _chosen(extra: list[str], flag: str) -> bool:
 
 
 def scheduling_flags(extra: list[str]) -> tuple[str, ...]:
-    """`--scheduling-policy priority` unless the operator chose a policy, the adaptive
-    prefill chunk cap unless they chose a threshold (their flags come after these, so
-    `--no-long-prefill-token-threshold-adaptive` wins too), and under priorities the
-    VIP-first scheduler unless they chose a scheduler class."""
+    """`--scheduling-policy priority` unless the operator chose a policy, and the
+    adaptive prefill chunk cap unless they chose a threshold (their flags come after
+    these, so `--no-long-prefill-token-threshold-adaptive` wins too)."""
     policy = () if _chosen(extra, "--scheduling-policy") else DEFAULT_SCHEDULING
     cap = () if _chosen(extra, "--long-prefill-token-threshold") else DEFAULT_PREFILL_CAP
-    vip_first = () if _chosen(extra, "--scheduler-cls") or not _priorities(extra) \
-        else VIP_FIRST_SCHEDULER
-    return (*policy, *cap, *vip_first)
+    return (*policy, *cap)
 
 
-def _priorities(extra: list[str]) -> bool:
-    """Whether the engine schedules by priority: our default, or the operator's choice."""
-    for i, flag in enumerate(extra):
-        if flag.startswith("--scheduling-policy="):
-            return flag.partition("=")[2] == "priority"
-        if flag == "--scheduling-policy":
-            return extra[i + 1:i + 2] == ["priority"]
-    return True
+def choose_scheduler(scheduler_config) -> None:
+    """Under priorities, unless the operator chose a scheduler class, the VIP-first
+    scheduler, built on the one vLLM chose (async scheduling or not: a subclass of the
+    other would give that up)."""
+    if scheduler_config.policy == "priority" and scheduler_config.scheduler_cls is None:
+        scheduler_config.scheduler_cls = \
+            VIP_FIRST_SCHEDULERS[bool(scheduler_config.async_scheduling)]
 
 
 def cpu_dtype_flags(extra: list[str], cpu_flags: set[str] | None = None) -> tuple[str, ...]:
@@ -142,6 +139,7 @@ def start_engine(args: Namespace, stat_loggers: list) -> object:
 
     engine_args = AsyncEngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    choose_scheduler(config.scheduler_config)
     _fork_engine_core(config)
     return AsyncLLM.from_vllm_config(
         config, usage_context=UsageContext.OPENAI_API_SERVER, stat_loggers=stat_loggers,

@@ -16,11 +16,12 @@ newcomer go ahead of it: `slo.policy.feasibility`).
 A VIP is an engine request whose priority is in the VIP lane's range
 (`slo.sim.lanes.engine_priority`); the rule acts only while some request in the
 engine is outside that range (with the deadline policy off every priority is 0, and
-vLLM's own schedule runs). Chosen by `serving.engine.setup.DEFAULT_SCHEDULER`.
+vLLM's own schedule runs). Chosen by `serving.engine.setup.choose_scheduler`.
 """
 
 from __future__ import annotations
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from slo.sim.lanes import vip_priority
@@ -52,7 +53,9 @@ def vip_prefill_tokens(running, waiting, free_tokens: int) -> int:
     return started
 
 
-class VipFirstScheduler(Scheduler):
+class VipFirst:
+    """The rule, over whichever vLLM scheduler it is mixed into."""
+
     def schedule(self, *args, **kwargs):
         free = self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
         vip_tokens = vip_prefill_tokens(self.running, self.waiting, free)
@@ -72,6 +75,14 @@ class VipFirstScheduler(Scheduler):
             self.max_num_scheduled_tokens = budget
             self.scheduler_config.long_prefill_token_threshold = cap
             self.running = _merged(order, held, self.running)
+
+
+class VipFirstScheduler(VipFirst, Scheduler):
+    pass
+
+
+class VipFirstAsyncScheduler(VipFirst, AsyncScheduler):
+    pass
 
 
 def _merged(order: list, held: set[int], running: list) -> list:
