@@ -136,3 +136,13 @@ def test_the_prompts_in_the_engine_wait_for_a_vip_prompt_among_them():
     times = playout.first_token_s(MODEL, 0, [Prompt(200, 0, 0, True),
                                              Prompt(900, 0, 0, False, vip=True)])
     assert times == pytest.approx([0.91 + 0.211, 0.91])  # the VIP's step, then the rest
+
+
+def test_several_vip_prompts_keep_the_cap_among_them():
+    """A short VIP beside a VIP document: both under the cap (the document does not take
+    whole steps), a started realtime prompt left out."""
+    times = playout.first_token_s(MODEL, 0, [Prompt(400, 0, 0, True),
+                                             Prompt(2000, 0, 0, False, vip=True),
+                                             Prompt(200, 0, 0, False, vip=True)])
+    # three in the engine: the cap is a third of the budget (333); the VIPs 333 + 200
+    assert times[2] == pytest.approx(0.01 + 0.533)

@@ -25,7 +25,7 @@ from serving.engine.setup import choose_scheduler  # noqa: E402
 from serving.engine.vip_first import (  # noqa: E402
     VipFirstAsyncScheduler,
     VipFirstScheduler,
-    vip_prefill_tokens,
+    vip_prefills,
 )
 from slo.sim.lanes import LANE_PRIORITY_STEP  # noqa: E402
 
@@ -84,6 +84,18 @@ def test_a_vip_prompt_takes_the_step_beside_prefilling_and_decoding_requests():
     assert [r.request_id for r in first.running] == ["chat", "doc0", "doc1", "doc2", "vip"]
 
 
+def test_several_vip_prompts_share_the_steps_under_the_cap():
+    """A VIP document does not take whole steps while a short VIP waits behind it."""
+    sched = scheduler(VipFirstScheduler)
+    add(sched, "doc", 3000, REALTIME)
+    step(sched)
+    add(sched, "vip-doc", 3000, VIP + 500)
+    add(sched, "vip-chat", 300, VIP)
+    # the realtime document held, two in the step: the cap is a fair share, 1,024
+    assert step(sched) == {"vip-chat": 300, "vip-doc": 1024}
+    assert step(sched) == {"vip-chat": 1, "vip-doc": 1976}  # the lone VIP prompt: uncapped
+
+
 def test_a_vip_already_prefilling_keeps_the_steps_until_its_first_token():
     sched = scheduler(VipFirstScheduler)
     add(sched, "doc", 4000, REALTIME)
@@ -119,9 +131,9 @@ def test_the_vip_tokens_counted():
             self.priority, self.num_tokens, self.num_computed_tokens = priority, tokens, computed
     running = [R(REALTIME, 900, 300), R(VIP, 500, 200), R(VIP, 101, 100)]  # the last decodes
     waiting = [R(VIP, 400, 0), R(VIP, 2000, 0), R(REALTIME, 50, 0)]
-    assert vip_prefill_tokens(running, waiting, free_tokens=1000) == 300 + 400
-    assert vip_prefill_tokens(running, waiting, free_tokens=100) == 300
-    assert vip_prefill_tokens([R(0, 900, 0)], [R(0, 100, 0)], free_tokens=10**6) == 0
+    assert vip_prefills(running, waiting, free_tokens=1000) == (2, 300 + 400)
+    assert vip_prefills(running, waiting, free_tokens=100) == (1, 300)
+    assert vip_prefills([R(0, 900, 0)], [R(0, 100, 0)], free_tokens=10**6) == (0, 0)
 
 
 def test_the_async_variant_gives_a_vip_prompt_the_step_too():

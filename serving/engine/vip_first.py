@@ -9,8 +9,9 @@ in 256-token pieces, each piece waiting for a full step: in a 10x surge (seeds
 tokens with a 0.2 s target taking 0.2-0.45 s beside 0-12 running requests. Here, a
 step that has a VIP prompt to prefill leaves the other prompts' prefill out (they
 keep their place and their KV cache, and go on the step after), runs the decodes,
-and gives the VIP prompts the rest of the budget, uncapped. Other prompts lose about
-one step per VIP prompt, which admission already charges them (VIPs due before a
+and gives the VIP prompts the rest of the budget: a lone VIP prompt uncapped, several
+under vLLM's cap (uncapped, a VIP document would take whole steps while a short VIP
+due before it waits for them). Other prompts lose about one step per VIP prompt, which admission already charges them (VIPs due before a
 newcomer go ahead of it: `slo.policy.feasibility`).
 
 A VIP is an engine request whose priority is in the VIP lane's range
@@ -36,21 +37,22 @@ def prefilling(request) -> bool:
     return request.num_tokens - request.num_computed_tokens > 1
 
 
-def vip_prefill_tokens(running, waiting, free_tokens: int) -> int:
-    """The VIP prompt tokens to prefill now: those of VIPs prefilling in the engine and
-    of waiting VIPs whose prompts fit the `free_tokens` of KV cache (one that does not
-    fit waits for room, and holding the others back would not bring it sooner); 0 when
-    every request is in the VIP range (nothing to put after them)."""
+def vip_prefills(running, waiting, free_tokens: int) -> tuple[int, int]:
+    """The VIP prompts to prefill now, and their tokens: VIPs prefilling in the engine,
+    and waiting VIPs whose prompts fit the `free_tokens` of KV cache (one that does not
+    fit waits for room, and holding the others back would not bring it sooner); none
+    when every request is in the VIP range (nothing to put after them)."""
     if all(is_vip(r) for r in running) and all(is_vip(r) for r in waiting):
-        return 0
-    started = sum(r.num_tokens - r.num_computed_tokens for r in running
-                  if is_vip(r) and prefilling(r))
+        return 0, 0
+    lefts = [r.num_tokens - r.num_computed_tokens for r in running
+             if is_vip(r) and prefilling(r)]
     for r in waiting:  # in the engine's order: VIPs first
-        if not is_vip(r) or r.num_tokens - r.num_computed_tokens > free_tokens:
+        left = r.num_tokens - r.num_computed_tokens
+        if not is_vip(r) or left > free_tokens:
             break
-        started += r.num_tokens - r.num_computed_tokens
-        free_tokens -= r.num_tokens - r.num_computed_tokens
-    return started
+        lefts.append(left)
+        free_tokens -= left
+    return len(lefts), sum(lefts)
 
 
 class VipFirst:
@@ -58,8 +60,8 @@ class VipFirst:
 
     def schedule(self, *args, **kwargs):
         free = self.kv_cache_manager.block_pool.get_num_free_blocks() * self.block_size
-        vip_tokens = vip_prefill_tokens(self.running, self.waiting, free)
-        if not vip_tokens:
+        prompts, tokens = vip_prefills(self.running, self.waiting, free)
+        if not prompts:
             return super().schedule(*args, **kwargs)
         order = self.running
         held = {id(r) for r in order if not is_vip(r) and prefilling(r)}
@@ -67,8 +69,9 @@ class VipFirst:
         budget = self.max_num_scheduled_tokens
         cap = self.scheduler_config.long_prefill_token_threshold
         self.running = [r for r in order if id(r) not in held]
-        self.max_num_scheduled_tokens = min(budget, decodes + vip_tokens)
-        self.scheduler_config.long_prefill_token_threshold = 0
+        self.max_num_scheduled_tokens = min(budget, decodes + tokens)
+        if prompts == 1:  # several VIPs keep the cap: a VIP document must not starve
+            self.scheduler_config.long_prefill_token_threshold = 0  # a short VIP
         try:
             return super().schedule(*args, **kwargs)
         finally:

@@ -55,9 +55,9 @@ def vip_priority(priority: int) -> bool:
 
 def vips_first(order: list, kv_free: int) -> list | None:
     """The simulated engine's prompts (`order`: started first, then by priority) that a
-    step prefills, uncapped, under `serving.engine.vip_first`: the VIPs' started ones,
-    and their waiting ones while each fits `kv_free`; None: vLLM's own rule (no VIP
-    prompt to prefill, or every request a VIP's)."""
+    step prefills (a lone one uncapped) under `serving.engine.vip_first`: the VIPs'
+    started ones, and their waiting ones while each fits `kv_free`; None: vLLM's own
+    rule (no VIP prompt to prefill, or every request a VIP's)."""
     if all(vip_priority(r.engine_priority) for r in order):
         return None
     vips = [r for r in order if r.started and r.first_token is None

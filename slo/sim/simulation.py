@@ -217,13 +217,13 @@ class Simulator:
         first, then its waiting ones in order, starting one only when its whole prompt
         fits the free KV cache (and none behind one that does not); blocks are taken
         chunk by chunk, so a started prompt's later chunks need room when they come.
-        With a VIP prompt to prefill, the VIPs' alone, uncapped."""
+        With a VIP prompt to prefill, the VIPs' alone (a lone one uncapped)."""
         cap = self.model.chunk_cap(len(self.running)) or budget
         order = sorted(self.running, key=lambda r: (not r.started,
                                                     0 if r.started else r.engine_priority))
         vips, chunks = vips_first(order, kv_free), []
         if vips:  # the engine's VIP-first scheduler (`serving.engine.vip_first`)
-            order, cap = vips, budget
+            order, cap = vips, budget if len(vips) == 1 else cap
         for r in order:
             if budget <= 0:
                 break
