@@ -11,8 +11,9 @@ step that has a VIP prompt to prefill leaves the other prompts' prefill out (the
 keep their place and their KV cache, and go on the step after), runs the decodes,
 and gives the VIP prompts the rest of the budget: a lone VIP prompt uncapped, several
 under vLLM's cap (uncapped, a VIP document would take whole steps while a short VIP
-due before it waits for them). Other prompts lose about one step per VIP prompt, which admission already charges them (VIPs due before a
-newcomer go ahead of it: `slo.policy.feasibility`).
+due before it waits for them). Other prompts lose about one step per VIP prompt,
+which admission charges them (VIPs in the engine, and those expected before a
+newcomer's deadline, go ahead of it: `slo.policy.playout`, `slo.policy.vip_stream`).
 
 A VIP is an engine request whose priority is in the VIP lane's range
 (`slo.sim.lanes.engine_priority`); the rule acts only while some request in the
