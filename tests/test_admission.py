@@ -148,7 +148,7 @@ def test_the_deadline_check_refuses_at_once_with_429_and_the_drain_time(
     model = adm.engine_model.model
     if outcome is None:
         assert not isinstance(verdict, Refusal)
-        # a VIP's prompt is prefilled first (`serving.engine.vip_first`): the tokens
+        # a VIP's prompt is prefilled first (`serving.guard.vip_first`): the tokens
         # queued are not ahead of it
         assert rec.ttft_estimate_s == pytest.approx(
             F.first_token_s(model, 10, replace(_ahead(model, queued), own_vip=vip)), abs=0.01)

@@ -205,7 +205,7 @@ def test_the_simulated_kv_preemptable_is_what_started_requests_due_after_it_hold
 
 
 def test_the_simulated_engine_prefills_a_vip_prompt_first_and_uncapped():
-    """As `serving.engine.vip_first` on vLLM's scheduler (tests/test_vip_first.py)."""
+    """As `serving.guard.vip_first` on vLLM's scheduler (tests/test_vip_first.py)."""
     model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000,
                         prefill_chunk_cap=256, prefill_cap_adaptive=True)
     sim = Simulator(model, P.PolicyConfig())

@@ -22,7 +22,7 @@ from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 from serving.engine.embedded_model import ensure_model  # noqa: E402
 from serving.engine.setup import choose_scheduler  # noqa: E402
-from serving.engine.vip_first import (  # noqa: E402
+from serving.guard.vip_first import (  # noqa: E402
     VipFirstAsyncScheduler,
     VipFirstScheduler,
     vip_prefills,
@@ -145,8 +145,8 @@ def test_the_async_variant_gives_a_vip_prompt_the_step_too():
 
 
 @pytest.mark.parametrize("policy, chosen, async_scheduling, expected", [
-    ("priority", None, False, "serving.engine.vip_first.VipFirstScheduler"),
-    ("priority", None, True, "serving.engine.vip_first.VipFirstAsyncScheduler"),
+    ("priority", None, False, "serving.guard.vip_first.VipFirstScheduler"),
+    ("priority", None, True, "serving.guard.vip_first.VipFirstAsyncScheduler"),
     ("priority", "my.Scheduler", False, "my.Scheduler"),  # the operator's choice wins
     ("fcfs", None, False, None),  # no priorities: no VIP range to put first
 ])

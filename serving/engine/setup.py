@@ -34,10 +34,10 @@ DEFAULT_VLLM_FLAGS = ("--enforce-eager", "--distributed-executor-backend", "uni"
 # vLLM's priority scheduling, so admission's order (lane, then deadline) holds inside the
 # engine too (`slo.sim.lanes.engine_priority`); `--scheduling-policy fcfs` keeps vLLM's.
 DEFAULT_SCHEDULING = ("--scheduling-policy", "priority")
-# Under priorities, vLLM's scheduler with VIP prompts first (`serving.engine.vip_first`),
+# Under priorities, vLLM's scheduler with VIP prompts first (`serving.guard.vip_first`),
 # the async one where vLLM chose async scheduling; an operator's `--scheduler-cls` wins.
-VIP_FIRST_SCHEDULERS = {False: "serving.engine.vip_first.VipFirstScheduler",
-                        True: "serving.engine.vip_first.VipFirstAsyncScheduler"}
+VIP_FIRST_SCHEDULERS = {False: "serving.guard.vip_first.VipFirstScheduler",
+                        True: "serving.guard.vip_first.VipFirstAsyncScheduler"}
 # vLLM's per-request prefill chunk cap, adaptive: while the engine is busy no prompt
 # takes more than 256 tokens of a step (so a short, urgent prompt is not held behind a
 # document's whole chunk), but never less than the step's fair share among the requests

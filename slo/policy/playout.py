@@ -13,7 +13,7 @@ document's first chunks attend to few tokens and its last to many, and a short p
 beside it finishes in a step or two while the document keeps taking its cap. The sums
 put the steps of a 5x surge's queue at 1.6-2.7x what they took (docs/benchmarks.md,
 "The estimate, prompt by prompt"). Under priorities the engine prefills VIP prompts
-first (`serving.engine.vip_first`): a step with a VIP prompt in it is the VIPs' alone
+first (`serving.guard.vip_first`): a step with a VIP prompt in it is the VIPs' alone
 (a lone one uncapped). KV-cache room and decodes that end mid-way are left out here
 (`feasibility.kv_wait_s` adds the former).
 """
@@ -129,7 +129,7 @@ def step_chunks(model: EngineModel, decodes: int, active: list[int], left: list[
     """One step's prefill chunks for the `active` prompts (in scheduling order), taken
     off `left` (and added to `done`) in place: the prompts it finishes, how many
     chunks, their tokens and attention pairs. With a VIP's among them (`vips`, by
-    index), the VIPs' alone, a lone one uncapped (`serving.engine.vip_first`)."""
+    index), the VIPs' alone, a lone one uncapped (`serving.guard.vip_first`)."""
     budget = model.token_budget - decodes
     cap = model.chunk_cap(decodes + len(active)) or budget
     if vips and any(vips[i] for i in active):

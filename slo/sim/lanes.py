@@ -49,13 +49,13 @@ def engine_priority(lane: str, deadline_s: float, epoch_s: float) -> int:
 
 def vip_priority(priority: int) -> bool:
     """An engine priority in the VIP lane's range: the engine prefills it first
-    (`serving.engine.vip_first`). With the deadline policy off every priority is 0."""
+    (`serving.guard.vip_first`). With the deadline policy off every priority is 0."""
     return priority < LANE_PRIORITY_STEP
 
 
 def vips_first(order: list, kv_free: int) -> list | None:
     """The simulated engine's prompts (`order`: started first, then by priority) that a
-    step prefills (a lone one uncapped) under `serving.engine.vip_first`: the VIPs'
+    step prefills (a lone one uncapped) under `serving.guard.vip_first`: the VIPs'
     started ones, and their waiting ones while each fits `kv_free`; None: vLLM's own
     rule (no VIP prompt to prefill, or every request a VIP's)."""
     if all(vip_priority(r.engine_priority) for r in order):

@@ -222,7 +222,7 @@ class Simulator:
         order = sorted(self.running, key=lambda r: (not r.started,
                                                     0 if r.started else r.engine_priority))
         vips, chunks = vips_first(order, kv_free), []
-        if vips:  # the engine's VIP-first scheduler (`serving.engine.vip_first`)
+        if vips:  # the engine's VIP-first scheduler (`serving.guard.vip_first`)
             order, cap = vips, budget if len(vips) == 1 else cap
         for r in order:
             if budget <= 0:
