@@ -71,8 +71,10 @@ class VipFirst:
         cap = self.scheduler_config.long_prefill_token_threshold
         self.running = [r for r in order if id(r) not in held]
         self.max_num_scheduled_tokens = min(budget, decodes + tokens)
-        if prompts == 1:  # several VIPs keep the cap: a VIP document must not starve
-            self.scheduler_config.long_prefill_token_threshold = 0  # a short VIP
+        # a lone VIP prompt uncapped; several keep the cap, so that a VIP document does
+        # not take whole steps while a short VIP due before it waits
+        if prompts == 1:
+            self.scheduler_config.long_prefill_token_threshold = 0
         try:
             return super().schedule(*args, **kwargs)
         finally:
