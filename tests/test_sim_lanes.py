@@ -237,3 +237,11 @@ def test_waiting_vips_go_first_while_their_prompts_fit(kv_free, expected):
     for r in reqs.values():
         r.engine_priority = 0  # the deadline check off: every priority 0
     assert vips_first(list(reqs.values()), kv_free) is None
+
+
+def test_a_preempted_vip_needs_room_for_what_it_recomputes():
+    doc, vip = waiter(0.0, prompt=2000), waiter(0.0, prompt=800)
+    doc.started, doc.engine_priority = True, LANE_PRIORITY_STEP + 9
+    vip.context, vip.engine_priority = 800 + 400, 5  # preempted after 400 tokens
+    assert vips_first([doc, vip], 1000) is None  # its 800-token prompt alone would fit
+    assert vips_first([doc, vip], 1200) == [vip]

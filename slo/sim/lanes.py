@@ -63,10 +63,11 @@ def vips_first(order: list, kv_free: int) -> list | None:
     vips = [r for r in order if r.started and r.first_token is None
             and vip_priority(r.engine_priority)]
     for r in (r for r in order if not r.started):
-        if not vip_priority(r.engine_priority) or r.prompt > kv_free:
+        context = r.context or r.prompt  # a preempted one recomputes what it generated
+        if not vip_priority(r.engine_priority) or context > kv_free:
             break
         vips.append(r)
-        kv_free -= r.prompt
+        kv_free -= context
     return vips or None
 
 
