@@ -10,8 +10,7 @@ Two points, because what is known grows on the way in:
   and the predicted drain time as Retry-After), its predicted latency, any injected
   fault, then the limiter: a concurrency limit and a prefill gate in front of the
   engine, VIP, realtime and batch lanes, earliest deadline first within each
-  (`serving.limiter`); the same order is the request's engine priority
-  (`Admitted.priority`).
+  (`serving.limiter`); the same order is its engine priority (`Admitted.priority`).
 Each decision lands in `policy_actions` (span and row); a refusal is a `Refusal`,
 which the HTTP layer answers (`serving.errors`); `publish()` takes the policy loop's decisions.
 """
@@ -22,8 +21,7 @@ import time
 from dataclasses import replace
 
 from observe import registry as R
-from observe.record import RequestRecord
-from observe.record import AdmissionLoad
+from observe.record import AdmissionLoad, RequestRecord
 from serving.engine.fault_injection import FaultInjector
 from serving.engine.live_model import LiveEngineModel
 from serving.engine.load import LoadTracker, PrefillEnd
@@ -134,11 +132,11 @@ class Admission:
 
     def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
                    deadline: float = float("inf"), rank: int = 0,
-                   priority: int | None = None) -> F.WorkAhead:
+                   priority: int | None = None, booked: bool = False) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
         token (`serving.guard.work_ahead`)."""
         return self.ahead.work_ahead(lane, load, now, deadline, rank, priority,
-                                     self.decisions.vip_kv_reserve)
+                                     self.decisions.vip_kv_reserve, booked)
 
     def holds_back(self, lane: str, tokens: int, deadline: float) -> bool:
         """Whether a request of `lane` with a prompt of `tokens`, due at `deadline`,
@@ -170,10 +168,13 @@ class Admission:
         now, deadline, model = time.monotonic(), rec.arrival + target, self.engine_model.model
         priority = (None if d.deadline_margin is None
                     else engine_priority(lane, deadline, self.epoch))
-        base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d),
-                               priority)
         retry = lane != LANE_VIP and self.retries.claim(rec.client, prompt_tokens, now)
-        held = self.holds_back(lane, prompt_tokens, deadline)
+        if retry:  # back for its booking: it enters at once, as promised
+            rec.booked_retry = True
+            rec.policy_actions.append("retry:booked")
+        base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d),
+                               priority, retry)
+        held = not retry and self.holds_back(lane, prompt_tokens, deadline)
         if held:  # it waits for those ahead, booked retries included
             base = replace(base, shares_steps=False)
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
@@ -253,13 +254,14 @@ class Admission:
             left = target - (began - rec.arrival) - own
             if left < self.limiter.max_wait_s:  # else the wait bound comes first: a 503
                 try:
-                    return await self.limiter.acquire(lane, left, prompt_tokens, deadline, rank)
+                    return await self.limiter.acquire(lane, left, prompt_tokens, deadline,
+                                                      rank, rec.booked_retry)
                 except LimiterTimeout:
                     rec.priority = lane = R.PRIORITY_BATCH
                     rec.policy_actions.append("demote:deadline")
         waited = time.monotonic() - began  # one wait bound for the whole wait
         await self.limiter.acquire(lane, max(0.0, self.limiter.max_wait_s - waited),
-                                   prompt_tokens, deadline, rank)
+                                   prompt_tokens, deadline, rank, rec.booked_retry)
 
     @staticmethod
     def _rank(rec: RequestRecord, prompt_tokens: int, d: Decisions) -> int:

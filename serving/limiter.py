@@ -145,12 +145,13 @@ class Limiter:
                         if not last or (w.rank, w.deadline) <= (rank, deadline)]
         return prompts
 
-    def slot_wait_s(self, lane: str, now: float | None = None) -> float:
-        """Expected wait for a slot for a newcomer in `lane`: none for a VIP or while a
-        slot is free (a wait at the gate is prefill work ahead); else a release for each
-        request over the limit (VIPs enter past it; a cut), each ahead and itself, at
-        the recent release rate (infinite when nothing was released lately)."""
-        if enters_at_once(lane) or self.in_flight < self._limit:
+    def slot_wait_s(self, lane: str, now: float | None = None, at_once: bool = False) -> float:
+        """Expected wait for a slot for a newcomer in `lane`: none for a VIP or a booked
+        retry (`at_once`) or while a slot is free (a wait at the gate is prefill work
+        ahead); else a release for each request over the limit (VIPs and booked retries
+        enter past it; a cut), each ahead and itself, at the recent release rate
+        (infinite when nothing was released lately)."""
+        if at_once or enters_at_once(lane) or self.in_flight < self._limit:
             return 0.0
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])
@@ -158,13 +159,18 @@ class Limiter:
         return slot_wait_s(ahead, self.in_flight - self._limit, len(self._releases))
 
     async def acquire(self, lane: str, timeout_s: float | None = None, tokens: int = 0,
-                      deadline: float | None = None, rank: int = 0) -> None:
+                      deadline: float | None = None, rank: int = 0,
+                      at_once: bool = False) -> None:
         """Enter the engine with `tokens` of prompt, waiting at most `timeout_s` (and
         never past `max_wait_s`); `rank`, then `deadline` order the lane (default: rank
-        0, now, i.e. first come first served)."""
+        0, now, i.e. first come first served). `at_once`: a refused request back for
+        its booking (`slo.policy.retry_book`) enters as a VIP does, past the limit and
+        the gate: its Retry-After was a promise, and the slot the surge's newcomers
+        took meanwhile is no reason to break it."""
         due = time.monotonic() if deadline is None else deadline
         waiter = _Waiter(rank, due, next(self._seq), tokens, None)  # a future once it waits
-        if enters_at_once(lane) or (not self._waiting and self._fits(tokens, lane, due, waiter)):
+        if at_once or enters_at_once(lane) or \
+                (not self._waiting and self._fits(tokens, lane, due, waiter)):
             self._enter(tokens)
             return
         if self.max_queue and self._waiting >= self.max_queue:

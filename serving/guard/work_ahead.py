@@ -38,8 +38,8 @@ class WorkAheadView:
 
     def work_ahead(self, lane: str, load: AdmissionLoad, now: float,
                    deadline: float = float("inf"), rank: int = 0,
-                   priority: int | None = None, vip_kv_reserve: int | None = None
-                   ) -> F.WorkAhead:
+                   priority: int | None = None, vip_kv_reserve: int | None = None,
+                   booked: bool = False) -> F.WorkAhead:
         """What stands between a newcomer in `lane` due at `deadline` and its first
         token, prompt by prompt: the rest of the engine's step in progress (with the
         chunks it took of the prompts the engine held when it began), the prompts in
@@ -48,7 +48,8 @@ class WorkAheadView:
         queue by priority), and those the limiter will let in before it (the lanes
         before its own, and those in its own ordered before it: a lower `rank`, or the
         same and due earlier); the KV cache free to it, less any `vip_kv_reserve`
-        unless it is a VIP."""
+        unless it is a VIP. `booked`: a retry back for its booking, which enters at
+        once (`Limiter.acquire`): nobody waiting in front is ahead of it."""
         model, running = self.engine_model.model, load.running_requests
         remaining, chunks = self._step_in_progress(now, running, priority is not None)
         queue = self._in_engine(chunks, priority)
@@ -56,13 +57,14 @@ class WorkAheadView:
                      - sum(p.left for p in self.load.in_engine if p.pending))
         if untracked > 0:  # counted by the tracker, not by any prompt: one fresh prompt
             queue.append(Prompt(untracked, 0, 0, False))
-        queue += [Prompt(tokens, 0, 0, False)
-                  for tokens in self.limiter.waiting_prompts(lane, deadline, rank)]
+        if not booked:
+            queue += [Prompt(tokens, 0, 0, False)
+                      for tokens in self.limiter.waiting_prompts(lane, deadline, rank)]
         kv_free = (self.kv_free_tokens(load.kv_cache_usage) - sum(chunks.values())
                    - kv_reserved_from(lane, vip_kv_reserve))
         return F.queued(
             queue, running, step_remaining_s=remaining,
-            slot_wait_s=self.limiter.slot_wait_s(lane, now), kv_free_tokens=kv_free,
+            slot_wait_s=self.limiter.slot_wait_s(lane, now, booked), kv_free_tokens=kv_free,
             kv_free_rate=self.limiter.kv_free_rate(now),
             kv_preemptable=self.load.preemptable_by(priority), kv_use_rate=self.load.kv_use_rate,
             own_vip=priority is not None and lane == LANE_VIP)
