@@ -172,3 +172,26 @@ def test_the_row_says_how_long_a_request_waited_in_front_of_the_engine():
     assert held == (1, False) and 0.2 <= doc_wait < 1.0
     assert 0.0 <= vip_wait < 0.05
     assert RequestRecord("r", 0.0, "text_completion").row(WallClock())["admission_wait_s"] is None
+
+
+def test_a_booked_retry_is_let_in_past_a_full_limit_where_a_newcomer_is_refused():
+    """The limit is full (the next slot frees in 2.5 s at the recent release rate): a
+    newcomer due in 0.2 s is refused; the refused request back for its booking is
+    estimated without the slot wait (one 0.11 s step alone) and enters at once."""
+    async def scenario():
+        adm = _admission()
+        adm.ttft_target = lambda tokens: 0.2
+        adm.limiter.limit, adm.limiter.in_flight = 1, 5
+        for _ in range(4):
+            adm.limiter.release(None)
+        _book_retry(adm)
+        fresh, retry = (RequestRecord(name, time.monotonic(), "text_completion",
+                                      client=name) for name in ("d", "c"))
+        refused = await adm.admit(fresh, {"prompt_token_ids": [1] * 100}, 100, 8)
+        admitted = await adm.admit(retry, {"prompt_token_ids": [1] * 100}, 100, 8)
+        return (refused.reason, fresh.policy_actions, type(admitted).__name__,
+                retry.policy_actions, adm.limiter.in_flight, retry.ttft_estimate_s)
+    error, fresh_actions, admitted, actions, in_flight, estimate = asyncio.run(scenario())
+    assert (error, fresh_actions) == ("deadline", ["refuse:deadline"])
+    assert (admitted, actions, in_flight) == ("Admitted", ["retry:booked"], 2)
+    assert estimate == pytest.approx(0.11, abs=0.005)

@@ -141,6 +141,25 @@ def test_a_vip_enters_at_once_past_a_full_limit_and_a_full_gate():
     assert asyncio.run(scenario()) == ((["vip"], 2, 150, 1), ["vip"], ["vip", "rt"])
 
 
+def test_a_booked_retry_enters_at_once_past_a_full_limit_and_a_waiter_due_earlier():
+    """`at_once` (a refused request back for its booking): in its own lane, past the
+    slot, the gate and a realtime waiter due before it; no slot wait to estimate."""
+    async def scenario():
+        limiter = Limiter(1, prefill_gate=100)
+        await limiter.acquire(RT, tokens=100)
+        order: list[str] = []
+        tasks = await _queue(limiter, [("rt", RT, 10, 0.0)], order)
+        waits = (limiter.slot_wait_s(RT), limiter.slot_wait_s(RT, at_once=True))
+        await limiter.acquire(RT, tokens=50, deadline=9.0, at_once=True)
+        state = (list(order), limiter.in_flight, limiter.engine_prefill_tokens,
+                 limiter.waiting)
+        limiter.release(100)
+        limiter.release(50)
+        await asyncio.gather(*tasks)
+        return waits, state, order
+    assert asyncio.run(scenario()) == ((float("inf"), 0.0), ([], 2, 150, 1), ["rt"])
+
+
 def test_the_vip_reserve_holds_others_until_the_cache_keeps_it_free_beyond_them():
     async def scenario():
         limiter = Limiter(16)
