@@ -131,6 +131,26 @@ def test_the_simulated_slot_wait_counts_every_request_over_the_limit(limit, ahea
     assert sim._slot_wait_s(ahead) == expected
 
 
+def test_a_simulated_booked_retry_enters_past_a_full_limit_where_a_newcomer_is_refused():
+    """As the server's admission (`retry:booked`): the limit full, a slot every 2.5 s,
+    a 100-token request due in 0.2 s is refused; the booked retry is estimated with no
+    slot wait and nobody waiting before it, and enters the engine at once."""
+    model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000)
+    sim = Simulator(model, P.PolicyConfig(), limit=6)
+    sim.decisions = replace(sim.decisions, deadline_margin=1.0)
+    sim.now = 20.0
+    sim.running = [replace(waiter(0.0), first_token=1.0, started=True) for _ in range(6)]
+    sim.releases.extend((19.0, 0) for _ in range(4))
+    sim.lanes.push(waiter(19.9))  # a realtime waiter due before them both
+    fresh = waiter(20.0, target=0.2)
+    retry = replace(waiter(20.0, target=0.2), booked=True)
+    for req in (fresh, retry):
+        sim.arrive(req)
+    sim._fill_slots()
+    assert (fresh.status, fresh.actions) == ("rejected", ["refuse:deadline"])
+    assert (retry.status, retry in sim.running, len(sim.lanes)) == ("ok", True, 1)
+
+
 @pytest.mark.parametrize("ahead,over,releases,expected", [
     (0, 0, 4, 2.5),  # its own release at one every 2.5 s
     (2, 0, 4, 7.5),

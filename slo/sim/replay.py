@@ -28,7 +28,7 @@ from slo.tenants import SHED_SQL
 # made at admission (when recorded) is what its predicted-miss policy judged.
 ARRIVALS_SQL = """SELECT epoch(arrival_ts) AS t, prompt_tokens, output_tokens, max_tokens,
   priority, {vip} AS vip, {predicted} AS predicted_ttft_s, slo_ttft_target_s, status, ttft_s,
-  {shed} AS shed
+  {shed} AS shed, list_contains(policy_actions, 'retry:booked') AS booked
 FROM requests
 WHERE status <> 'rejected' OR http_status IN (429, 503)
 ORDER BY arrival_ts"""
@@ -61,7 +61,8 @@ class Recorded:
                            max_tokens=r["max_tokens"], priority=r["priority"] or
                            R.PRIORITY_REALTIME, vip=bool(r["vip"]),
                            target_s=r["slo_ttft_target_s"],
-                           predicted_ttft_s=r["predicted_ttft_s"]) for r in self.requests]
+                           predicted_ttft_s=r["predicted_ttft_s"], booked=bool(r["booked"]))
+                for r in self.requests]
 
     def actual(self) -> Outcome:
         good = [r["status"] == R.STATUS_OK and r["ttft_s"] is not None

@@ -23,6 +23,7 @@ class SimRequest:
     vip: bool = False
     target_s: float | None = None  # its TTFT target
     predicted_ttft_s: float | None = None  # the server's prediction at admission, if known
+    booked: bool = False  # a refused request back for its booking (`retry:booked`)
     status: str = OK
     first_token: float | None = None
     end: float | None = None

@@ -100,7 +100,7 @@ class Simulator:
             if check.action == F.BEST_EFFORT and req.priority == R.PRIORITY_REALTIME:
                 req.priority = R.PRIORITY_BATCH
                 req.actions.append("demote:unattainable")
-        self.lanes.push(req)
+        self.lanes.push(req, LANE_VIP if req.booked else None)  # a booked retry: at once
 
     def _work_ahead(self, req: SimRequest, step_left_s: float = 0.0) -> F.WorkAhead:
         """As `serving.guard.work_ahead.WorkAheadView`: prompt tokens in the engine not
@@ -111,9 +111,10 @@ class Simulator:
         queue = [Prompt(max(0, (r.context or r.prompt) - r.prefilled), r.prefilled, 0, r.started,
                         vip=mine is not None and vip_priority(r.engine_priority))
                  for r in self.running if r.started or mine is None or r.engine_priority <= mine]
-        waiters = list(self.lanes.ahead(lane, deadline_of(req)))
+        waiters = [] if req.booked else list(self.lanes.ahead(lane, deadline_of(req)))
         queue = [p for p in queue + [Prompt(r.prompt, 0, 0, False) for r in waiters] if p.left]
-        slot_wait_s = 0.0 if enters_at_once(lane) else self._slot_wait_s(len(waiters))
+        slot_wait_s = 0.0 if enters_at_once(lane) or req.booked else \
+            self._slot_wait_s(len(waiters))
         # vLLM's running count: the decodes and the prompts it has started
         running = sum(1 for r in self.running if r.first_token is not None or r.started)
         reserve = kv_reserved_from(lane, self.decisions.vip_kv_reserve)
@@ -133,7 +134,8 @@ class Simulator:
     def _holds_back(self, req: SimRequest) -> bool:
         """Admission's promise keeper (`slo.policy.promises`) on the simulated engine."""
         mine = self._priority(req)
-        if mine is None or not self.decisions.keep_promises or lane_of(req) == LANE_VIP:
+        if mine is None or not self.decisions.keep_promises or lane_of(req) == LANE_VIP \
+                or req.booked:
             return False
         waiting = [r.pending_prompt(self.now) for r in self.running if r.first_token is None]
         return holds_back(self.model, len(self.running) - len(waiting), waiting,
