@@ -61,7 +61,7 @@ class Recorded:
                            max_tokens=r["max_tokens"], priority=r["priority"] or
                            R.PRIORITY_REALTIME, vip=bool(r["vip"]),
                            target_s=r["slo_ttft_target_s"],
-                           predicted_ttft_s=r["predicted_ttft_s"], booked=bool(r["booked"]))
+                           predicted_ttft_s=r["predicted_ttft_s"], booked=bool(r.get("booked")))
                 for r in self.requests]
 
     def actual(self) -> Outcome:
