@@ -99,6 +99,10 @@ class PolicyConfig:
     # so a VIP arriving into a busy engine finds room at once; 0 (the default): no
     # reserve (with vLLM's priority scheduling it lifted no VIP figure: docs/benchmarks.md)
     vip_kv_reserve_tokens: int = 0
+    # While memory pressure holds (and the deadline check is on), the VIP reserve rises
+    # to at least this many tokens: the cache's last room goes to the VIPs rather than
+    # to more non-VIP prompts (0: memory pressure keeps no reserve)
+    memory_vip_kv_reserve_tokens: int = 0
     # A refused request's Retry-After comes after the bookings before it
     # (`slo.policy.retry_book`); true: its prompt also counts as work ahead of newcomers
     # until it comes back, so the time promised is kept (retries on time, at the cost

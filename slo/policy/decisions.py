@@ -82,6 +82,9 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
         limit = max(1, limit // 2)
     shed = P.VIP_ONLY if on(P.VIP_ONLY) else None
     deadline_on = config.deadline_check and P.PREDICTED_MISS not in forced_off
+    reserve = config.vip_kv_reserve_tokens
+    if on(P.MEMORY_PRESSURE):
+        reserve = max(reserve, config.memory_vip_kv_reserve_tokens)
     return Decisions(
         concurrency_limit=limit, shed_non_vip=shed, restarting=on(P.BREAKER_L2),
         max_tokens_cap=config.max_tokens_cap if on(P.TOKEN_CAP) else None,
@@ -90,8 +93,7 @@ def decide(states: dict[str, str], batch_limit: int, config: P.PolicyConfig,
         prefill_gate_steps=(config.prefill_gate_steps
                             if deadline_on and config.prefill_gate_steps > 0 else None),
         keep_promises=deadline_on and config.keep_promises,
-        vip_kv_reserve=(config.vip_kv_reserve_tokens
-                        if deadline_on and config.vip_kv_reserve_tokens > 0 else None),
+        vip_kv_reserve=reserve if deadline_on and reserve > 0 else None,
         hold_retries=deadline_on and config.hold_retries,
         length_class_order=config.length_class_order,
         deadline_truncate_tokens=(None if P.TRUNCATION in forced_off
