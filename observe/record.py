@@ -112,8 +112,6 @@ class RequestRecord:
     admission_wait_s: float | None = None
     vip: bool = False  # the API key's VIP flag: admitted under VIP-only
     client: str | None = None  # the API key's name, `anonymous` without keys; None: unknown
-    # A refused request back for its booking (`retry:booked`): it enters at once
-    booked_retry: bool = False
     # Seed 000's length-class boundaries in force at admission (None: never admitted)
     length_bounds: tuple[int, int] | None = None
 

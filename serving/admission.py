@@ -32,7 +32,7 @@ from serving.limiter import Limiter, LimiterFull, LimiterTimeout
 from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.length_classes import LengthClasses, class_of
-from slo.policy.retry_book import RetryBook
+from slo.policy.retry_book import RETRY_BOOKED, RetryBook
 from slo.policy.vip_stream import VipStream
 from slo.sim.lanes import LANE_VIP, engine_priority, lane_of
 
@@ -170,8 +170,7 @@ class Admission:
                     else engine_priority(lane, deadline, self.epoch))
         retry = lane != LANE_VIP and self.retries.claim(rec.client, prompt_tokens, now)
         if retry:  # back for its booking: it enters at once, as promised
-            rec.booked_retry = True
-            rec.policy_actions.append("retry:booked")
+            rec.policy_actions.append(RETRY_BOOKED)
         base = self.work_ahead(lane, load, now, deadline, self._rank(rec, prompt_tokens, d),
                                priority, retry)
         held = not retry and self.holds_back(lane, prompt_tokens, deadline)
@@ -247,7 +246,7 @@ class Admission:
         that it moves to the batch lane, and the realtime lane keeps only requests that
         still can."""
         deadline = None if target is None else rec.arrival + target
-        rank = self._rank(rec, prompt_tokens, d)
+        rank, booked = self._rank(rec, prompt_tokens, d), RETRY_BOOKED in rec.policy_actions
         if d.deadline_margin is not None and target is not None \
                 and lane == R.PRIORITY_REALTIME:
             own = F.prefill_s(self.engine_model.model, prompt_tokens, 0)
@@ -255,13 +254,13 @@ class Admission:
             if left < self.limiter.max_wait_s:  # else the wait bound comes first: a 503
                 try:
                     return await self.limiter.acquire(lane, left, prompt_tokens, deadline,
-                                                      rank, rec.booked_retry)
+                                                      rank, booked)
                 except LimiterTimeout:
                     rec.priority = lane = R.PRIORITY_BATCH
                     rec.policy_actions.append("demote:deadline")
         waited = time.monotonic() - began  # one wait bound for the whole wait
         await self.limiter.acquire(lane, max(0.0, self.limiter.max_wait_s - waited),
-                                   prompt_tokens, deadline, rank, rec.booked_retry)
+                                   prompt_tokens, deadline, rank, booked)
 
     @staticmethod
     def _rank(rec: RequestRecord, prompt_tokens: int, d: Decisions) -> int:

@@ -151,7 +151,7 @@ class Limiter:
         ahead); else a release for each request over the limit (VIPs and booked retries
         enter past it; a cut), each ahead and itself, at the recent release rate
         (infinite when nothing was released lately)."""
-        if at_once or enters_at_once(lane) or self.in_flight < self._limit:
+        if enters_at_once(lane, at_once) or self.in_flight < self._limit:
             return 0.0
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])
@@ -169,7 +169,7 @@ class Limiter:
         took meanwhile is no reason to break it."""
         due = time.monotonic() if deadline is None else deadline
         waiter = _Waiter(rank, due, next(self._seq), tokens, None)  # a future once it waits
-        if at_once or enters_at_once(lane) or \
+        if enters_at_once(lane, at_once) or \
                 (not self._waiting and self._fits(tokens, lane, due, waiter)):
             self._enter(tokens)
             return

@@ -26,6 +26,7 @@ from slo.sim.engine_model import attention_pairs
 
 EARLY_S: Final = 1.0  # a client's clock and rounding: a retry may come this much early
 DEFAULT_GRACE_S: Final = 3.0
+RETRY_BOOKED: Final = "retry:booked"  # the policy action of a request back for its booking
 
 
 @dataclass(slots=True)

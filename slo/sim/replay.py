@@ -17,6 +17,7 @@ import numpy as np
 
 from observe import registry as R
 from slo.policy import conditions as P
+from slo.policy.retry_book import RETRY_BOOKED
 from slo.sim.engine_model import EngineModel, Query
 from slo.sim.request import SimRequest
 from slo.sim.simulation import Simulator
@@ -28,7 +29,7 @@ from slo.tenants import SHED_SQL
 # made at admission (when recorded) is what its predicted-miss policy judged.
 ARRIVALS_SQL = """SELECT epoch(arrival_ts) AS t, prompt_tokens, output_tokens, max_tokens,
   priority, {vip} AS vip, {predicted} AS predicted_ttft_s, slo_ttft_target_s, status, ttft_s,
-  {shed} AS shed, list_contains(policy_actions, 'retry:booked') AS booked
+  {shed} AS shed, list_contains(policy_actions, '{booked}') AS booked
 FROM requests
 WHERE status <> 'rejected' OR http_status IN (429, 503)
 ORDER BY arrival_ts"""
@@ -78,7 +79,7 @@ def load_recorded(query: Query) -> Recorded:
     columns, rows = query(ARRIVALS_SQL.format(
         vip="coalesce(vip, false)" if "vip" in present else "false",
         predicted="predicted_ttft_s" if "predicted_ttft_s" in present else "NULL",
-        shed=SHED_SQL))
+        shed=SHED_SQL, booked=RETRY_BOOKED))
     if not rows:
         raise ValueError("the trace log holds no requests to replay")
     start = rows[0][0]

@@ -113,7 +113,7 @@ class Simulator:
                  for r in self.running if r.started or mine is None or r.engine_priority <= mine]
         waiters = [] if req.booked else list(self.lanes.ahead(lane, deadline_of(req)))
         queue = [p for p in queue + [Prompt(r.prompt, 0, 0, False) for r in waiters] if p.left]
-        slot_wait_s = 0.0 if enters_at_once(lane) or req.booked else \
+        slot_wait_s = 0.0 if enters_at_once(lane, req.booked) else \
             self._slot_wait_s(len(waiters))
         # vLLM's running count: the decodes and the prompts it has started
         running = sum(1 for r in self.running if r.first_token is not None or r.started)
@@ -134,8 +134,8 @@ class Simulator:
     def _holds_back(self, req: SimRequest) -> bool:
         """Admission's promise keeper (`slo.policy.promises`) on the simulated engine."""
         mine = self._priority(req)
-        if mine is None or not self.decisions.keep_promises or lane_of(req) == LANE_VIP \
-                or req.booked:
+        if mine is None or not self.decisions.keep_promises \
+                or enters_at_once(lane_of(req), req.booked):
             return False
         waiting = [r.pending_prompt(self.now) for r in self.running if r.first_token is None]
         return holds_back(self.model, len(self.running) - len(waiting), waiting,
