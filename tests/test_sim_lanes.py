@@ -13,11 +13,13 @@ from slo.sim.engine_model import EngineModel
 from slo.sim.lanes import (
     LANE_PRIORITY_STEP,
     LANE_VIP,
+    RELEASE_WINDOW_S,
     Lanes,
     engine_priority,
     gate_fits,
     kv_fits,
     kv_reserved_from,
+    releases_p90,
     slot_wait_s,
     vips_first,
 )
@@ -114,21 +116,28 @@ def test_a_realtime_waiter_too_late_for_its_slot_moves_to_the_batch_lane():
     assert list(lanes.pop_ready(lambda r: True)) == [untimed, fine, late]
 
 
-@pytest.mark.parametrize("limit,ahead,expected", [
-    (7, 0, 0.0),  # a slot is free
-    (7, 1, 5.0),  # free, but one waits before it: its release, then its own
-    (6, 0, 2.5),
-    (4, 0, 7.5),  # two over the limit leave first (as `serving.limiter`'s slot wait)
-    (2, 1, 15.0),
+@pytest.mark.parametrize("limit,ahead,releases", [
+    (7, 1, 2),  # free, but one waits before it: its release, then its own
+    (6, 0, 1),
+    (4, 0, 3),  # two over the limit leave first (as `serving.limiter`'s slot wait)
+    (2, 1, 6),
 ])
-def test_the_simulated_slot_wait_counts_every_request_over_the_limit(limit, ahead, expected):
+def test_the_simulated_slot_wait_counts_every_request_over_the_limit(limit, ahead, releases):
     """Six running, four releases over the 10 s window: one every 2.5 s."""
+    expected = releases_p90(releases) * 2.5
     model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000)
     sim = Simulator(model, None, limit=limit)
     sim.now = 20.0
     sim.running = [waiter(0.0) for _ in range(6)]
     sim.releases.extend((19.0, 0) for _ in range(4))
     assert sim._slot_wait_s(ahead) == expected
+
+
+def test_the_simulated_slot_wait_is_none_while_a_slot_is_free():
+    model = EngineModel(0.01, 0.001, 1e-4, 1e-8, token_budget=2048, kv_capacity_tokens=30_000)
+    sim = Simulator(model, None, limit=7)
+    sim.now, sim.running = 20.0, [waiter(0.0) for _ in range(6)]
+    assert sim._slot_wait_s(0) == 0.0
 
 
 def test_a_simulated_booked_retry_enters_past_a_full_limit_where_a_newcomer_is_refused():
@@ -151,15 +160,29 @@ def test_a_simulated_booked_retry_enters_past_a_full_limit_where_a_newcomer_is_r
     assert (retry.status, retry in sim.running, len(sim.lanes)) == ("ok", True, 1)
 
 
-@pytest.mark.parametrize("ahead,over,releases,expected", [
-    (0, 0, 4, 2.5),  # its own release at one every 2.5 s
-    (2, 0, 4, 7.5),
-    (0, 3, 4, 10.0),  # those over the limit leave first
-    (1, -2, 5, 4.0),  # under the limit: nobody over it (the caller said no slot is free)
-    (0, 0, 0, float("inf")),  # nothing released lately
+# Gamma(k)'s 90th percentile, k = 1..4 (scipy.stats.gamma.ppf(0.9, k)): the time to k
+# releases of a Poisson stream at one per unit of time
+GAMMA_P90 = {1: 2.302585, 2: 3.889720, 3: 5.322320, 4: 6.680783}
+
+
+@pytest.mark.parametrize("ahead,over,releases,count", [
+    (0, 0, 4, 1),  # its own release, at one every 2.5 s
+    (2, 0, 4, 3),
+    (0, 3, 4, 4),  # those over the limit leave first
+    (1, -2, 5, 2),  # under the limit: nobody over it (the caller said no slot is free)
 ])
-def test_the_shared_slot_wait_rule(ahead, over, releases, expected):
-    assert slot_wait_s(ahead, over, releases) == expected
+def test_the_shared_slot_wait_rule_is_the_waits_90th_percentile(ahead, over, releases, count):
+    expected = GAMMA_P90[count] * RELEASE_WINDOW_S / releases
+    assert slot_wait_s(ahead, over, releases) == pytest.approx(expected, rel=0.011)
+
+
+def test_the_slot_wait_is_infinite_when_nothing_was_released_lately():
+    assert slot_wait_s(0, 0, 0) == float("inf")
+
+
+def test_the_90th_percentile_approximation_stays_within_one_percent():
+    assert [round(releases_p90(k), 4) for k in (1, 2, 3, 4, 20)] == \
+        [2.2796, 3.8737, 5.3095, 6.6699, 25.8984]
 
 
 @pytest.mark.parametrize("lane, deadline, expected", [
