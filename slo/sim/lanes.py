@@ -81,9 +81,9 @@ def deadline_of_priority(priority: int, epoch_s: float) -> float:
 def enters_at_once(lane: str, booked: bool = False) -> bool:
     """VIPs are never held in front: they enter the engine at once, past the slot limit
     and the prefill gate; so does a refused request back for its booking (`booked`:
-    `slo.policy.retry_book`), whose Retry-After was a promise. Held there, a short VIP prompt waited for the documents
-    admitted before it to prefill (7 of 9 VIP misses in one surge); let in, it waits
-    only for the engine's own order. On design seeds 1-2 (5x and 10x surges) VIPs on
+    `slo.policy.retry_book`), whose Retry-After was a promise. Held there, a short VIP
+    prompt waited for the documents admitted before it to prefill (7 of 9 VIP misses
+    in one surge); let in, it waits only for the engine's own order. On design seeds 1-2 (5x and 10x surges) VIPs on
     time went from 69-77% to 85-91%, goodput 11.76 -> 11.96 requests/s summed."""
     return lane == LANE_VIP or booked
 
@@ -140,7 +140,8 @@ def releases_p90(count: int) -> float:
     cube-root approximation (within 1%). With the mean (`count`) the check admitted
     requests whose slot then came late: in the 10x surge recorded for the replay
     validation, 14 of the 30 admitted realtime requests that waited in front with an
-    estimate over 75% of their target missed it, against 1 of 259 between 35 and 75% (docs/benchmarks.md, "The slot wait's 90th percentile")."""
+    estimate over 75% of their target missed it, against 1 of 259 between 35 and 75%
+    (docs/benchmarks.md, "The slot wait at its 90th percentile")."""
     return count * (1 - 1 / (9 * count) + SLOT_WAIT_Z / (3 * math.sqrt(count))) ** 3
 
 
