@@ -83,8 +83,9 @@ def enters_at_once(lane: str, booked: bool = False) -> bool:
     and the prefill gate; so does a refused request back for its booking (`booked`:
     `slo.policy.retry_book`), whose Retry-After was a promise. Held there, a short VIP
     prompt waited for the documents admitted before it to prefill (7 of 9 VIP misses
-    in one surge); let in, it waits only for the engine's own order. On design seeds 1-2 (5x and 10x surges) VIPs on
-    time went from 69-77% to 85-91%, goodput 11.76 -> 11.96 requests/s summed."""
+    in one surge); let in, it waits only for the engine's own order. On design seeds
+    1-2 (5x and 10x surges) VIPs on time went from 69-77% to 85-91%, goodput 11.76 ->
+    11.96 requests/s summed."""
     return lane == LANE_VIP or booked
 
 
