@@ -140,8 +140,8 @@ def releases_p90(count: int) -> float:
     Poisson stream) at one per unit of time: Gamma(count)'s, by Wilson and Hilferty's
     cube-root approximation (within 1%). With the mean (`count`) the check admitted
     requests whose slot then came late: in the 10x surge recorded for the replay
-    validation, 14 of the 30 admitted realtime requests that waited in front with an
-    estimate over 75% of their target missed it, against 1 of 259 between 35 and 75%
+    validation, 14 of the 38 admitted realtime requests that waited in front with an
+    estimate over 75% of their target missed it, against 1 of 135 between 35 and 75%
     (docs/benchmarks.md, "The slot wait at its 90th percentile")."""
     return count * (1 - 1 / (9 * count) + SLOT_WAIT_Z / (3 * math.sqrt(count))) ** 3
 
