@@ -179,7 +179,8 @@ class Admission:
         booked = (0, 0)  # refused requests booked to come back before it (not retries)
         if (d.hold_retries or held) and lane != LANE_VIP and not retry:
             booked = self.retries.work_due(now, deadline)
-        expected = ahead = base.with_prefill(*booked)
+        ahead = base.with_prefill(*booked)
+        expected = ahead.at_means()  # the prediction's input: its waits at their means
         if lane == LANE_VIP:
             self.vips.arrived(prompt_tokens, now)
         else:  # VIPs coming before its deadline go ahead of it

@@ -145,8 +145,10 @@ class Limiter:
                         if not last or (w.rank, w.deadline) <= (rank, deadline)]
         return prompts
 
-    def slot_wait_s(self, lane: str, now: float | None = None, at_once: bool = False) -> float:
-        """Expected wait for a slot for a newcomer in `lane`: none for a VIP or a booked
+    def slot_wait_s(self, lane: str, now: float | None = None, at_once: bool = False,
+                    p90: bool = True) -> float:
+        """The wait for a slot for a newcomer in `lane` (`lanes.slot_wait_s`: its 90th
+        percentile, or with `p90` false its mean): none for a VIP or a booked
         retry (`at_once`) or while a slot is free (a wait at the gate is prefill work
         ahead); else a release for each request over the limit (VIPs and booked retries
         enter past it; a cut), each ahead and itself, at the recent release rate
@@ -156,7 +158,7 @@ class Limiter:
         end = LANES.index(lane) + 1
         ahead = sum(len(self._lanes[name]) for name in LANES[:end])
         self._forget_releases(time.monotonic() if now is None else now)
-        return slot_wait_s(ahead, self.in_flight - self._limit, len(self._releases))
+        return slot_wait_s(ahead, self.in_flight - self._limit, len(self._releases), p90)
 
     async def acquire(self, lane: str, timeout_s: float | None = None, tokens: int = 0,
                       deadline: float | None = None, rank: int = 0,
@@ -249,6 +251,11 @@ class Limiter:
         """KV-cache tokens freed a second by requests ending, over the recent window."""
         self._forget_releases(time.monotonic() if now is None else now)
         return self._released_kv / RELEASE_WINDOW_S
+
+    def release_rate(self, now: float | None = None) -> float:
+        """Requests ended a second, over the recent window."""
+        self._forget_releases(time.monotonic() if now is None else now)
+        return len(self._releases) / RELEASE_WINDOW_S
 
     def _forget_releases(self, now: float) -> None:
         while self._releases and self._releases[0][0] < now - RELEASE_WINDOW_S:

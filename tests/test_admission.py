@@ -27,7 +27,7 @@ from slo.policy import feasibility as F
 from slo.policy.decisions import Decisions
 from slo.policy.playout import Prompt
 from slo.sim.engine_model import attention_pairs
-from slo.sim.lanes import LANE_PRIORITY_STEP, LANE_VIP, LANES, engine_priority
+from slo.sim.lanes import LANE_PRIORITY_STEP, LANE_VIP, LANES, engine_priority, releases_p90
 
 
 def _admission(decisions: Decisions, target_s: float = 0.5, limit: int = 8) -> Admission:
@@ -111,6 +111,21 @@ def _ahead(model, queued: int) -> F.WorkAhead:
                        queue=(Prompt(queued, 0, 0, False),) if queued else ())
 
 
+def test_the_check_counts_the_slot_wait_at_its_90th_percentile_and_the_prediction_at_its_mean():
+    """Slots full, one release every 2.5 s lately: the deadline check waits 2.28x the
+    gap for its own release (`releases_p90(1)`), and refuses a request due in 3 s; the
+    latency prediction's input (`ttft_expected_s`) counts the mean gap."""
+    adm = _admission(Decisions(2, **DEADLINE), target_s=3.0, limit=2)
+    adm.limiter.in_flight = 6
+    for _ in range(4):
+        adm.limiter.release(None)  # four releases over the 10 s window; two in flight
+    rec = _record()
+    rec.arrival = time.monotonic()
+    assert isinstance(asyncio.run(adm.admit(rec, _prompt(10), 10, 4)), Refusal)
+    assert rec.ttft_estimate_s - rec.ttft_expected_s == pytest.approx(
+        (releases_p90(1) - 1) * 2.5, abs=1e-3)
+
+
 @pytest.mark.parametrize("queued,sample", [(0, True), (5000, False)])
 def test_a_request_judged_with_nothing_ahead_is_a_sample_of_the_overhead(queued, sample):
     """Its TTFT less the estimate's engine part is what a request spends after the check
@@ -170,8 +185,10 @@ def test_a_prompt_that_must_wait_for_kv_room_is_refused_until_there_is_room():
     rec = _record()
     rec.arrival = time.monotonic()
     verdict = asyncio.run(adm.admit(rec, _prompt(400), 400, 4))
-    err = from_refusal(verdict)  # 300 tokens short: room in 1.5 s
-    assert err.status == 429 and err.headers == {"Retry-After": "2"}
+    # 300 tokens short: the one release lately freed 2,000, so one more frees them; its
+    # 90th percentile at one release in 10 s: 22.8 s (1.5 s at the mean token rate)
+    err = from_refusal(verdict)
+    assert err.status == 429 and err.headers == {"Retry-After": "23"}
     assert rec.policy_actions == ["refuse:deadline"]
     fits = _record()
     fits.arrival = time.monotonic()
@@ -311,10 +328,11 @@ def test_a_newcomer_passes_the_prompts_waiting_in_the_engine_that_are_due_after_
     assert later.queue == (Prompt(200, 200, 0, True),)  # A alone: C passed, B done
 
 
-def test_the_kv_of_running_requests_due_after_a_newcomer_counts_as_preemptable():
-    """vLLM preempts the running request due last when a running one finds no free
-    block: their cache is what a newcomer's KV wait can count on; a prompt still waiting
-    in the engine holds none, and a request that ended holds nothing."""
+def test_the_kv_of_the_next_preemption_victim_due_after_a_newcomer_counts_as_preemptable():
+    """vLLM preempts one running request, the one due last, when a running one finds no
+    free block, and no other until that room is used up: the victim's cache is what a
+    newcomer's KV wait can count on, if it is due after the newcomer; a prompt still
+    waiting in the engine holds none, and a request that ended holds nothing."""
     async def scenario():
         adm = _admission(Decisions(8, **DEADLINE), 5.0)
         loop, ends = asyncio.get_running_loop(), []
@@ -324,14 +342,15 @@ def test_the_kv_of_running_requests_due_after_a_newcomer_counts_as_preemptable()
             ends.append(PrefillEnd(adm, tokens, loop, priority))
         ends[0].chunk(200)  # half prefilled: 200 tokens in the cache
         ends[2].ended()  # its first token: the whole prompt is in the cache
-        seen = [adm.load.preemptable_by(p) for p in (1000, 4000, None)]
+        seen = [adm.load.preemptable_by(p) for p in (1000, 4000, 6000, None)]
         ends[2].release(16)  # it ended: its cache is free, nobody preempts it
-        seen.append(adm.load.preemptable_by(1000))
+        seen += [adm.load.preemptable_by(p) for p in (1000, 4000)]
         work = adm.work_ahead(R.PRIORITY_REALTIME, adm.load.admit(0), time.monotonic(),
                               priority=1000)
         return seen, work.kv_preemptable
 
-    assert asyncio.run(scenario()) == ([700, 500, 0, 200], 200)
+    # the victim is the request due at 5000 (500 tokens), then the one due at 3000 (200)
+    assert asyncio.run(scenario()) == ([500, 500, 0, 0, 200, 0], 200)
 
 
 def test_the_kv_use_rate_is_the_tokens_recent_steps_computed_a_second():

@@ -16,6 +16,7 @@ import pytest
 
 from slo.policy import feasibility as F
 from slo.sim.engine_model import EngineModel
+from slo.sim.lanes import releases_p90
 
 MODEL = EngineModel(step_base_s=0.01, step_per_seq_s=0.0, step_per_token_s=0.0001,
                     step_per_pair_s=0.0, token_budget=1000, kv_capacity_tokens=100_000,
@@ -232,6 +233,37 @@ def test_kv_held_by_requests_due_after_it_comes_free_once_the_free_room_is_used(
     work = F.WorkAhead(1000, 4, kv_free_tokens=free, kv_free_rate=release_rate,
                        kv_preemptable=preemptable, kv_use_rate=use_rate)
     assert F.kv_wait_s(work, 500) == pytest.approx(expected_s)
+
+
+# Knowing how many requests ended (not only the tokens they freed), the wait for the
+# releases that free the shortfall counts at its 90th percentile, as the slot wait:
+# Gamma(k)'s (releases_p90: 2.2796 for one release, 6.6701 for four).
+@pytest.mark.parametrize("short,freed,releases,expected_s", [
+    (1000, 2000.0, 2.0, 2.2796 / 2),  # the mean release frees 1,000: one release
+    (1000, 1000.0, 4.0, 6.6701 / 4),  # 250 a release: four
+    (1001, 1000.0, 4.0, releases_p90(5) / 4),  # a token more: a fifth release
+    (1000, 1000.0, 0.0, 1.0),  # the count not known: the mean, 1,000 at 1,000 a second
+    (1000, 0.0, 4.0, math.inf),  # nothing freed lately
+])
+def test_the_kv_releases_wait_is_their_90th_percentile(short, freed, releases, expected_s):
+    assert F.releases_wait_s(short, freed, releases) == pytest.approx(expected_s, rel=1e-4)
+
+
+def test_the_kv_wait_counts_the_releases_beyond_the_next_victim_at_their_90th_percentile():
+    # 1,100 short, 400 free used in 0.5 s; the victim's 600 leave 500, two releases of 250
+    work = F.WorkAhead(1000, 4, kv_free_tokens=400, kv_free_rate=1000.0, kv_release_rate=4.0,
+                       kv_preemptable=600, kv_use_rate=800.0)
+    assert F.kv_wait_s(work, 500) == pytest.approx(0.5 + releases_p90(2) / 4)
+
+
+def test_at_means_puts_the_slot_and_kv_release_waits_at_their_means():
+    work = F.WorkAhead(0, 4, slot_wait_s=5.7, slot_wait_mean_s=2.5, kv_free_tokens=-500,
+                       kv_free_rate=1000.0, kv_release_rate=4.0)
+    assert F.kv_wait_s(work) == pytest.approx(releases_p90(2) / 4)
+    mean = work.at_means()
+    assert (mean.slot_wait_s, F.kv_wait_s(mean)) == (2.5, 0.5)  # 500 short at 1,000 a second
+    # the mean not known: the slot wait as it is
+    assert F.WorkAhead(0, 4, slot_wait_s=5.7).at_means().slot_wait_s == 5.7
 
 
 def test_a_prompt_waiting_for_kv_room_is_refused_with_the_time_it_frees():

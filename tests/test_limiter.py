@@ -325,6 +325,7 @@ def test_the_slot_wait_counts_every_request_over_the_limit(limit, releases):
         limiter.release(None)
     limiter.limit = limit
     assert (limiter.in_flight, limiter.slot_wait_s(RT)) == (6, expected)
+    assert limiter.slot_wait_s(RT, p90=False) == releases * 2.5  # its mean
 
 
 def test_the_kv_free_rate_is_what_ending_requests_held_over_the_recent_window():
@@ -333,7 +334,9 @@ def test_the_kv_free_rate_is_what_ending_requests_held_over_the_recent_window():
     limiter.release(None, kv_tokens=1000)
     limiter.release(None, kv_tokens=500)
     assert limiter.kv_free_rate() == 150.0  # 1,500 tokens over the 10 s window
+    assert limiter.release_rate() == 0.2  # two requests over the 10 s window
     assert limiter.kv_free_rate(time.monotonic() + 11) == 0.0  # forgotten
+    assert limiter.release_rate(time.monotonic() + 11) == 0.0
     assert limiter.in_flight == 0
 
 

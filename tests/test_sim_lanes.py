@@ -176,6 +176,12 @@ def test_the_shared_slot_wait_rule_is_the_waits_90th_percentile(ahead, over, rel
     assert slot_wait_s(ahead, over, releases) == pytest.approx(expected, rel=0.011)
 
 
+def test_the_slot_wait_at_its_mean_is_one_release_gap_per_release_it_needs():
+    # what the latency prediction starts from: 3 releases at one every 2.5 s
+    assert slot_wait_s(2, 0, 4, p90=False) == 7.5
+    assert slot_wait_s(0, 3, 4, p90=False) == 10.0
+
+
 def test_the_slot_wait_is_infinite_when_nothing_was_released_lately():
     assert slot_wait_s(0, 0, 0) == float("inf")
 
@@ -226,7 +232,7 @@ def test_the_simulated_work_ahead_skips_engine_prompts_the_newcomer_passes(
     assert sim._work_ahead(chat).prefill_tokens == ahead
 
 
-def test_the_simulated_kv_preemptable_is_what_started_requests_due_after_it_hold():
+def test_the_simulated_kv_preemptable_is_what_the_next_victim_due_after_it_holds():
     from slo.sim import kv_cache
 
     due_late = waiter(0.0, prompt=800)
@@ -242,9 +248,13 @@ def test_the_simulated_kv_preemptable_is_what_started_requests_due_after_it_hold
     due_early.engine_priority = 100
     running = [due_late, half, waiting, due_early]
     assert kv_cache.allocated(running) == 820 + 256 + 500
-    assert kv_cache.preemptable(running, 1000) == 820 + 256
+    assert kv_cache.preemptable(running, 1000) == 820  # the one due last, alone
     assert kv_cache.preemptable(running, 4500) == 820
+    assert kv_cache.preemptable(running, 6000) == 0  # the victim is due before it
     assert kv_cache.preemptable(running, None) == 0
+    twin = waiter(0.0, prompt=700)  # due with the victim, newer: preempted first
+    twin.started, twin.prefilled, twin.context, twin.engine_priority = True, 700, 700, 5000
+    assert kv_cache.preemptable(running + [twin], 1000) == 700
 
 
 def test_the_simulated_engine_prefills_a_vip_prompt_first_and_uncapped():

@@ -94,14 +94,18 @@ class LoadTracker:
             self._pending_pairs -= attention_pairs(computed, prompt_tokens)
 
     def preemptable_by(self, priority: int | None) -> int:
-        """KV-cache tokens held by the running requests vLLM preempts before one with
-        engine `priority` (theirs is larger: due after it) when a running request finds
-        no free block (None: none counted). Their prompts only: a request's output
-        (16-128 tokens here) is small beside its prompt."""
-        if priority is None:
+        """KV-cache tokens the engine's next preemption frees for a waiting request with
+        engine `priority` (None: none counted). vLLM preempts one running request at a
+        time when a running one finds no free block: the one due last (largest
+        priority, the newest among equals), and no other until that room is used up;
+        none counts if the victim is due before the request (it takes its room back
+        first). Its prompt only: a request's output (16-128 tokens here) is small
+        beside its prompt."""
+        running = [p for p in self.in_engine if not p.waiting]
+        if priority is None or not running:
             return 0
-        return sum(p.kv_tokens for p in self.in_engine
-                   if not p.waiting and p.priority > priority)
+        victim = max(running, key=lambda p: (p.priority, p.entered_at))
+        return victim.kv_tokens if victim.priority > priority else 0
 
     @property
     def pending(self) -> tuple[int, int]:

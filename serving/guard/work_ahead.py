@@ -65,7 +65,9 @@ class WorkAheadView:
         return F.queued(
             queue, running, step_remaining_s=remaining,
             slot_wait_s=self.limiter.slot_wait_s(lane, now, booked), kv_free_tokens=kv_free,
+            slot_wait_mean_s=self.limiter.slot_wait_s(lane, now, booked, p90=False),
             kv_free_rate=self.limiter.kv_free_rate(now),
+            kv_release_rate=self.limiter.release_rate(now),
             kv_preemptable=self.load.preemptable_by(priority), kv_use_rate=self.load.kv_use_rate,
             own_vip=priority is not None and lane == LANE_VIP)
 

@@ -24,11 +24,21 @@ def allocated(running: list[SimRequest]) -> int:
 
 
 def preemptable(running: list[SimRequest], priority: int | None) -> int:
-    """KV tokens held by started requests vLLM preempts before one with engine
-    `priority` (theirs is larger; None: none counted)."""
-    if priority is None:
+    """KV tokens the engine's next preemption frees for a waiting request with engine
+    `priority` (None: none counted): vLLM preempts one started request at a time, only
+    when a running one finds no free block, and none then until that room is used up,
+    so only the next victim's cache comes free in time; none if it is due before the
+    request (it would take its room back first)."""
+    started = [r for r in running if r.started]
+    if priority is None or not started:
         return 0
-    return sum(held(r) for r in running if r.started and r.engine_priority > priority)
+    victim = _victim(started)
+    return held(victim) if victim.engine_priority > priority else 0
+
+
+def _victim(started: list[SimRequest]) -> SimRequest:
+    """The started request vLLM preempts next: due last, the newest among equals."""
+    return max(reversed(started), key=lambda r: r.engine_priority)
 
 
 def make_room(running: list[SimRequest], capacity: int) -> list[SimRequest]:
@@ -38,8 +48,7 @@ def make_room(running: list[SimRequest], capacity: int) -> list[SimRequest]:
         decoding = [r for r in running if r.started and r.prefilled >= r.context]
         if allocated(running) + len(decoding) <= capacity:
             return decoding
-        started = [r for r in running if r.started]
-        victim = max(reversed(started), key=lambda r: r.engine_priority)
+        victim = _victim([r for r in running if r.started])
         victim.started, victim.prefilled, victim.decoded = False, 0, 0
         victim.context = victim.prompt + victim.generated  # recomputed when resumed
         victim.actions.append("preempted")

@@ -123,16 +123,17 @@ def kv_fits(kv_free: int, pending_tokens: int, tokens: int, reserve: int | None,
     return kv_free - pending_tokens - tokens >= reserve
 
 
-def slot_wait_s(ahead: int, over: int, releases: int) -> float:
+def slot_wait_s(ahead: int, over: int, releases: int, p90: bool = True) -> float:
     """The slot wait's rule (serving.limiter's and the simulator's; each caller knows
     when a slot is free and there is none): a release for each request over the limit
     (VIPs enter past it; a cut), each of the `ahead` waiters served first and the
     newcomer itself, at the rate of the `releases` within `RELEASE_WINDOW_S` (infinite
-    when nothing was released lately); the wait's 90th percentile, not its mean
-    (`releases_p90`)."""
+    when nothing was released lately); the wait's 90th percentile (`releases_p90`), or
+    with `p90` false its mean (what the latency prediction starts from)."""
     if not releases:
         return float("inf")
-    return releases_p90(ahead + 1 + max(0, over)) * RELEASE_WINDOW_S / releases
+    count = ahead + 1 + max(0, over)
+    return (releases_p90(count) if p90 else count) * RELEASE_WINDOW_S / releases
 
 
 def releases_p90(count: int) -> float:

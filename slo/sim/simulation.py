@@ -122,6 +122,7 @@ class Simulator:
         freed = sum(tokens for _, tokens in self.releases) / RELEASE_WINDOW_S
         return F.queued(queue, running, step_remaining_s=step_left_s, slot_wait_s=slot_wait_s,
                         kv_free_tokens=free, kv_free_rate=freed, kv_use_rate=self.kv_use_rate,
+                        kv_release_rate=len(self.releases) / RELEASE_WINDOW_S,
                         kv_preemptable=kv_cache.preemptable(self.running, mine),
                         own_vip=mine is not None and lane == LANE_VIP)
 
